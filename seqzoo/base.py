@@ -1,0 +1,140 @@
+"""The encoder contract every seqzoo encoder follows, and the registry that builds them.
+
+Contract (DEVELOPERS.md, MODELS.md "Decisions" 6)::
+
+    outputs, final_state = encoder(x, mask=None, state=None)
+    x        (B, T, input_size) float
+    mask     (B, T) bool, True = real token, right-padded (each row is a prefix of Trues);
+             None means every position is real
+    state    encoder-specific carried state (a tensor, a tuple of tensors or None); None = zeros
+    outputs  (B, T, output_size); positions where mask is False are exactly zero
+    final_state  the state after the last *real* token of each row, in the same format as
+             ``state``: feeding it back with the next chunk continues the sequence
+             (truncated BPTT; call :func:`detach_state` between chunks)
+
+Pad positions never touch the state, so a padded row gives the same outputs as the row
+alone, and no row's outputs depend on the other rows in the batch.
+
+Encoders that compute a regulariser during ``forward`` (e.g. the MZU's disagreement term)
+return it from :meth:`Encoder.auxiliary_loss`; trainers add it to the task loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+State = Any  # Tensor | tuple[State, ...] | list[State] | None
+
+__all__ = [
+    "Encoder",
+    "State",
+    "available_encoders",
+    "build_encoder",
+    "check_mask",
+    "detach_state",
+    "lengths_from_mask",
+    "register_encoder",
+]
+
+
+class Encoder(nn.Module):
+    """Base class of all seqzoo encoders (see the module docstring for the contract)."""
+
+    #: True when output t depends only on x[:t+1]; such encoders support stateful chunked use.
+    causal: bool = True
+    #: True when ``final_state`` can be fed back to continue the sequence chunk by chunk.
+    stateful: bool = True
+
+    def __init__(self, input_size: int, hidden_size: int, *, bidirectional: bool = False) -> None:
+        super().__init__()
+        if input_size <= 0 or hidden_size <= 0:
+            raise ValueError(f"input_size and hidden_size must be positive, got {input_size}, {hidden_size}")
+        self.input_size = int(input_size)
+        self.hidden_size = int(hidden_size)
+        self._bidirectional = bool(bidirectional)
+        if bidirectional:
+            self.causal = False
+
+    @property
+    def bidirectional(self) -> bool:
+        return self._bidirectional
+
+    @property
+    def output_size(self) -> int:
+        return self.hidden_size * (2 if self._bidirectional else 1)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, state: State = None) -> tuple[Tensor, State]:
+        raise NotImplementedError
+
+    def auxiliary_loss(self) -> Tensor | None:
+        """Regulariser from the last forward pass, to be *added* to the loss (None if none)."""
+        return None
+
+
+def check_mask(x: Tensor, mask: Tensor | None) -> Tensor:
+    """Validate ``mask`` against ``x`` (B, T, D) and return it; None becomes all-True."""
+    if x.dim() != 3:
+        raise ValueError(f"encoder input must be (batch, time, features), got shape {tuple(x.shape)}")
+    batch, time = x.shape[:2]
+    if mask is None:
+        return torch.ones(batch, time, dtype=torch.bool, device=x.device)
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must be a bool tensor (True = real token), got {mask.dtype}")
+    if tuple(mask.shape) != (batch, time):
+        raise ValueError(f"mask shape {tuple(mask.shape)} does not match input (batch, time) = {(batch, time)}")
+    if time > 1 and bool((mask[:, 1:] & ~mask[:, :-1]).any()):
+        raise ValueError("mask must be right-padded: each row a run of True followed by False")
+    return mask
+
+
+def lengths_from_mask(mask: Tensor) -> Tensor:
+    """Number of real tokens per row, (B,) int64."""
+    return mask.sum(dim=1)
+
+
+def detach_state(state: State) -> State:
+    """Detach every tensor in a (nested) state, for truncated back-propagation through time."""
+    if state is None:
+        return None
+    if isinstance(state, Tensor):
+        return state.detach()
+    if isinstance(state, (tuple, list)):
+        return type(state)(detach_state(s) for s in state)
+    if isinstance(state, dict):
+        return {k: detach_state(v) for k, v in state.items()}
+    raise TypeError(f"cannot detach state of type {type(state).__name__}")
+
+
+_REGISTRY: dict[str, type[Encoder]] = {}
+
+
+def register_encoder(name: str) -> Callable[[type[Encoder]], type[Encoder]]:
+    """Class decorator: make an encoder buildable by ``name`` from configs."""
+
+    def decorate(cls: type[Encoder]) -> type[Encoder]:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"encoder name {name!r} is already registered to {_REGISTRY[name].__name__}")
+        _REGISTRY[name] = cls
+        return cls
+
+    return decorate
+
+
+def available_encoders() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def build_encoder(name: str, input_size: int, **kwargs: Any) -> Encoder:
+    """Build a registered encoder, e.g. ``build_encoder("lstm", 50, hidden_size=128, bidirectional=True)``."""
+    try:
+        cls = _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown encoder {name!r}; available: {', '.join(available_encoders())}") from None
+    try:
+        return cls(input_size=input_size, **kwargs)
+    except TypeError as err:
+        raise TypeError(f"encoder {name!r}: {err}") from None

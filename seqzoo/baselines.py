@@ -1,0 +1,134 @@
+"""Baseline encoders the papers compare against: LSTM, GRU (torch/cuDNN kernels) and a Transformer.
+
+LSTM: Hochreiter & Schmidhuber (1997); GRU: Cho et al. (2014); Transformer encoder:
+Vaswani et al. (2017). All follow the :mod:`seqzoo.base` contract; padding is handled by
+packing, so pad positions never reach the state or the backward direction.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from seqzoo.base import Encoder, State, check_mask, lengths_from_mask, register_encoder
+
+__all__ = ["GRU", "LSTM", "TransformerEncoder", "sinusoidal_positions"]
+
+
+class _TorchRNN(Encoder):
+    """Shared wrapper around ``nn.LSTM`` / ``nn.GRU`` (batch first, packed when padded)."""
+
+    rnn_class: type[nn.RNNBase]
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        dropout: float = 0.0,
+        bidirectional: bool = False,
+        bias: bool = True,
+    ) -> None:
+        super().__init__(input_size, hidden_size, bidirectional=bidirectional)
+        self.num_layers = num_layers
+        self.rnn = self.rnn_class(
+            input_size, hidden_size, num_layers=num_layers, bias=bias, batch_first=True,
+            dropout=dropout if num_layers > 1 else 0.0, bidirectional=bidirectional,
+        )
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, state: State = None) -> tuple[Tensor, State]:
+        mask = check_mask(x, mask)
+        if bool(mask.all()):
+            return self.rnn(x, state)
+        lengths = lengths_from_mask(mask)
+        # Rows without any real token are run for one (zeroed) step, then restored below.
+        packed = pack_padded_sequence(x, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False)
+        out, final = self.rnn(packed, state)
+        out, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
+        out = out * mask.unsqueeze(-1).to(out.dtype)
+        empty = lengths == 0
+        if bool(empty.any()):
+            final = _keep_initial(final, state, empty)
+        return out, final
+
+
+def _keep_initial(final: State, initial: State, rows: Tensor) -> State:
+    """Give ``rows`` (B,) bool their initial state back (zeros when ``initial`` is None)."""
+    if isinstance(final, tuple):
+        inits = initial if initial is not None else (None,) * len(final)
+        return tuple(_keep_initial(f, i, rows) for f, i in zip(final, inits, strict=True))
+    init = torch.zeros_like(final) if initial is None else initial
+    return torch.where(rows.view(1, -1, 1), init, final)
+
+
+@register_encoder("lstm")
+class LSTM(_TorchRNN):
+    """LSTM encoder; state is ``(h, c)``, each (num_layers * directions, B, hidden_size)."""
+
+    rnn_class = nn.LSTM
+
+
+@register_encoder("gru")
+class GRU(_TorchRNN):
+    """GRU encoder; state is ``h``, (num_layers * directions, B, hidden_size)."""
+
+    rnn_class = nn.GRU
+
+
+def sinusoidal_positions(length: int, dim: int, device: torch.device | None = None) -> Tensor:
+    """Sinusoidal position encodings (Vaswani et al. 2017, section 3.5), (length, dim)."""
+    position = torch.arange(length, device=device, dtype=torch.float32).unsqueeze(1)
+    freq = torch.exp(torch.arange(0, dim, 2, device=device, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    table = torch.zeros(length, dim, device=device)
+    table[:, 0::2] = torch.sin(position * freq)
+    table[:, 1::2] = torch.cos(position * freq)[:, : dim // 2]
+    return table
+
+
+@register_encoder("transformer")
+class TransformerEncoder(Encoder):
+    """Transformer encoder (torch built-ins) with sinusoidal positions; optional causal masking.
+
+    ``hidden_size`` is d_model; the input is projected to it when ``input_size`` differs.
+    Not stateful: ``state`` must be None and the returned state is None.
+    """
+
+    stateful = False
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int = 256,
+        num_layers: int = 2,
+        nhead: int = 4,
+        dim_feedforward: int | None = None,
+        dropout: float = 0.1,
+        causal: bool = False,
+        norm_first: bool = True,
+    ) -> None:
+        super().__init__(input_size, hidden_size)
+        self.causal = causal
+        self.proj = nn.Linear(input_size, hidden_size) if input_size != hidden_size else nn.Identity()
+        layer = nn.TransformerEncoderLayer(
+            hidden_size, nhead, dim_feedforward or 4 * hidden_size, dropout,
+            batch_first=True, norm_first=norm_first,
+        )
+        self.layers = nn.TransformerEncoder(layer, num_layers, enable_nested_tensor=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, state: State = None) -> tuple[Tensor, State]:
+        if state is not None:
+            raise ValueError("TransformerEncoder is not stateful; pass state=None")
+        mask = check_mask(x, mask)
+        time = x.shape[1]
+        h = self.proj(x) * math.sqrt(self.hidden_size) + sinusoidal_positions(time, self.hidden_size, x.device)
+        attn_mask = None
+        if self.causal:
+            attn_mask = torch.ones(time, time, dtype=torch.bool, device=x.device).triu(1)  # True = blocked
+        key_padding = ~mask
+        key_padding[:, 0] &= mask.any(1)  # a row without tokens attends to its first pad, not to nothing (NaN)
+        out = self.layers(self.dropout(h), mask=attn_mask, src_key_padding_mask=key_padding, is_causal=self.causal)
+        return out.masked_fill(~mask.unsqueeze(-1), 0.0), None

@@ -1,0 +1,108 @@
+"""Checks of the encoder contract, reusable for any encoder (ours or a user's).
+
+Each function raises AssertionError with the measured difference when the invariant fails.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from seqzoo.base import Encoder, detach_state
+
+__all__ = ["assert_batch_invariant", "assert_contract", "assert_padding_invariant", "assert_stateful_chunks"]
+
+
+def _close(a: Tensor, b: Tensor, atol: float, what: str) -> None:
+    diff = (a - b).abs().max().item() if a.numel() else 0.0
+    if not diff <= atol:
+        raise AssertionError(f"{what}: max abs diff {diff:.3g} > {atol:.3g}")
+
+
+def _flat(state: object) -> list[Tensor]:
+    if state is None:
+        return []
+    if isinstance(state, Tensor):
+        return [state]
+    if isinstance(state, (tuple, list)):
+        return [t for s in state for t in _flat(s)]
+    if isinstance(state, dict):
+        return [t for k in sorted(state) for t in _flat(state[k])]
+    raise TypeError(type(state))
+
+
+def _batch_dim(state: Tensor, batch: int) -> int:
+    """Index of the batch dimension of a state tensor (the first of size ``batch``)."""
+    for dim, size in enumerate(state.shape):
+        if size == batch:
+            return dim
+    raise AssertionError(f"state of shape {tuple(state.shape)} has no batch dimension of size {batch}")
+
+
+def assert_padding_invariant(encoder: Encoder, lengths: list[int], atol: float = 1e-5, seed: int = 0) -> None:
+    """Each row of a padded batch gives the outputs (and final state) of that row run alone."""
+    gen = torch.Generator().manual_seed(seed)
+    batch, time = len(lengths), max(lengths)
+    x = torch.randn(batch, time, encoder.input_size, generator=gen, dtype=_dtype(encoder))
+    mask = torch.arange(time).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
+    out, state = encoder(x, mask)
+    if out.shape != (batch, time, encoder.output_size):
+        raise AssertionError(f"output shape {tuple(out.shape)} != {(batch, time, encoder.output_size)}")
+    _close(out[~mask], torch.zeros_like(out[~mask]), 0.0, "outputs at pad positions must be zero")
+    for b, n in enumerate(lengths):
+        if n == 0:
+            continue
+        alone, alone_state = encoder(x[b : b + 1, :n], torch.ones(1, n, dtype=torch.bool))
+        _close(out[b, :n], alone[0], atol, f"row {b} (length {n}) padded vs alone")
+        for s_batch, s_alone in zip(_flat(state), _flat(alone_state), strict=True):
+            dim = _batch_dim(s_batch, batch)
+            _close(s_batch.select(dim, b), s_alone.select(_batch_dim(s_alone, 1), 0), atol, f"row {b} final state")
+
+
+def assert_batch_invariant(encoder: Encoder, atol: float = 1e-5, seed: int = 0) -> None:
+    """Outputs of a row do not depend on which other rows share the batch."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(6, 9, encoder.input_size, generator=gen, dtype=_dtype(encoder))
+    mask = torch.arange(9).unsqueeze(0) < torch.tensor([9, 4, 7, 1, 9, 5]).unsqueeze(1)
+    full, _ = encoder(x, mask)
+    part, _ = encoder(x[1:4], mask[1:4])
+    _close(full[1:4], part, atol, "rows 1..3 in a batch of 6 vs a batch of 3")
+    order = torch.tensor([5, 3, 1, 0, 4, 2])
+    shuffled, _ = encoder(x[order], mask[order])
+    _close(full[order], shuffled, atol, "shuffled batch")
+
+
+def assert_stateful_chunks(encoder: Encoder, chunks: tuple[int, ...] = (3, 1, 5), atol: float = 1e-5, seed: int = 0) -> None:
+    """Running a sequence chunk by chunk, carrying (detached) state, equals one whole run."""
+    gen = torch.Generator().manual_seed(seed)
+    time = sum(chunks)
+    x = torch.randn(3, time, encoder.input_size, generator=gen, dtype=_dtype(encoder))
+    whole, whole_state = encoder(x)
+    state, pieces, start = None, [], 0
+    for n in chunks:
+        out, state = encoder(x[:, start : start + n], state=state)
+        state = detach_state(state)
+        pieces.append(out)
+        start += n
+    _close(torch.cat(pieces, 1), whole, atol, "chunked vs whole-sequence outputs")
+    for a, b in zip(_flat(state), _flat(whole_state), strict=True):
+        _close(a, b, atol, "chunked vs whole-sequence final state")
+
+
+def assert_contract(encoder: Encoder, atol: float = 1e-5) -> None:
+    """All invariants that apply to ``encoder`` (stateful chunking only for causal ones); eval mode."""
+    was_training = encoder.training
+    encoder.eval()
+    try:
+        with torch.no_grad():
+            assert_padding_invariant(encoder, [7, 3, 1, 5, 0], atol)
+            assert_batch_invariant(encoder, atol)
+            if encoder.causal and encoder.stateful:
+                assert_stateful_chunks(encoder, atol=atol)
+    finally:
+        encoder.train(was_training)
+
+
+def _dtype(encoder: Encoder) -> torch.dtype:
+    param = next(encoder.parameters(), None)
+    return param.dtype if param is not None else torch.get_default_dtype()
