@@ -1,0 +1,159 @@
+"""File primitives shared by every reader and writer of seqzoo.
+
+Reading: :func:`open_text` yields the lines of a UTF-8 text file, transparently gunzipping
+files whose name ends in ``.gz``, and knows the current line number so that every reader
+reports malformed input the same way (:meth:`LineReader.error`).
+
+Writing: :func:`atomic_write_text` / :func:`atomic_write_bytes` / :func:`write_json` write to a
+temporary file in the destination directory, fsync it and ``os.replace`` it over the target,
+so a crash or an exception never leaves a half-written file: the old file stays intact.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import tempfile
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from seqzoo.data.errors import DataError
+
+__all__ = [
+    "LineReader",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "open_text",
+    "read_json",
+    "read_text",
+    "write_json",
+]
+
+PathLike = str | os.PathLike[str]
+
+# Raised by gzip for a corrupt or truncated stream.
+_GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)
+
+
+class LineReader:
+    """Iterator over the decoded lines of a text file; use via :func:`open_text`.
+
+    Each item is one line *with* its terminator (``"\\n"``; the last line may lack one), so
+    character-level readers see every character. :attr:`line` is the 1-based number of the
+    line last yielded (0 before the first), and :meth:`error` builds a :class:`DataError`
+    pointing at it.
+    """
+
+    def __init__(self, path: PathLike) -> None:
+        self.path = Path(path)
+        self.line = 0
+        self._raw: IO[bytes] = gzip.open(self.path, "rb") if self.path.name.endswith(".gz") else open(self.path, "rb")
+
+    def __iter__(self) -> Iterator[str]:
+        return self
+
+    def __next__(self) -> str:
+        try:
+            raw = self._raw.readline()
+        except _GZIP_ERRORS as err:
+            raise DataError(f"corrupt gzip data after this line ({err})", self.path, self.line) from None
+        if not raw:
+            raise StopIteration
+        self.line += 1
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise self.error(f"invalid UTF-8 at byte {err.start} of the line ({err.reason})") from None
+
+    def error(self, message: str) -> DataError:
+        """A :class:`DataError` for the current line (or for the whole file before the first line)."""
+        return DataError(message, self.path, self.line or None)
+
+    def close(self) -> None:
+        self._raw.close()
+
+    def __enter__(self) -> LineReader:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def open_text(path: PathLike) -> LineReader:
+    """Open a UTF-8 text file (gzip-compressed when the name ends in ``.gz``) for line iteration.
+
+    Decoding is strict: invalid UTF-8 raises :class:`DataError` naming the file and line.
+    A missing file raises the usual :class:`FileNotFoundError`. Use as a context manager::
+
+        with open_text(path) as lines:
+            for line in lines:
+                if "\\t" not in line:
+                    raise lines.error("missing tab")
+    """
+    return LineReader(path)
+
+
+def read_text(path: PathLike) -> str:
+    """The whole decoded content of a text file (``.gz`` aware, strict UTF-8, newlines kept)."""
+    with open_text(path) as lines:
+        return "".join(lines)
+
+
+def atomic_write_bytes(path: PathLike, data: bytes) -> None:
+    """Replace ``path`` by ``data`` atomically (temporary file in the same directory, fsync, rename).
+
+    A new file gets mode 0o644; an existing file keeps its mode.
+    """
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        mode = 0o644
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_text(path: PathLike, text: str) -> None:
+    """Replace ``path`` by ``text`` encoded as UTF-8, atomically (see :func:`atomic_write_bytes`)."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: PathLike, obj: Any) -> None:
+    """Write ``obj`` as indented UTF-8 JSON, atomically; serialisation errors leave ``path`` untouched."""
+    atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+
+
+def read_json(path: PathLike) -> Any:
+    """Parse a JSON file (``.gz`` aware); malformed JSON raises :class:`DataError` with its line."""
+    try:
+        return json.loads(read_text(path))
+    except json.JSONDecodeError as err:
+        raise DataError(f"invalid JSON: {err.msg} (column {err.colno})", path, err.lineno) from None
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename durable (POSIX); a no-op where directories cannot be opened (Windows)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
