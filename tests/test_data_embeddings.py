@@ -1,0 +1,71 @@
+import gzip
+from pathlib import Path
+
+import pytest
+import torch
+
+from seqzoo.data import DataError, Vocab, load_vectors
+
+FIXTURES = Path(__file__).parent / "fixtures" / "data"
+
+# counts: the 5, Film 3, paris 1, zzz 1 (and "," is not in the vocabulary)
+VOCAB = Vocab.build([["the"] * 5 + ["Film"] * 3 + ["paris", "zzz"]])
+
+
+def test_vectors_rows_and_stats():
+    weight, stats = load_vectors(FIXTURES / "vectors.txt", VOCAB)
+    assert weight.shape == (len(VOCAB), 4) and weight.dtype == torch.float32
+    assert torch.equal(weight[VOCAB.token_to_id("the")], torch.tensor([0.1, 0.2, 0.3, 0.4]))
+    assert torch.equal(weight[VOCAB.token_to_id("Film")], torch.tensor([1.0, 2.0, 3.0, 4.0]))  # lower-case fallback
+    assert torch.equal(weight[VOCAB.pad_id], torch.zeros(4))
+    assert stats.vocab_size == 6 and stats.dim == 4 and stats.file_words == 5
+    assert (stats.found, stats.found_lowercase, stats.oov) == (3, 1, 1)
+    assert stats.oov_rate == pytest.approx(1 / 4)
+    assert stats.oov_token_rate == pytest.approx(1 / 10)
+    assert stats.top_oov == ("zzz",)
+
+
+def test_no_lowercase_fallback_and_seeded_init():
+    weight, stats = load_vectors(FIXTURES / "vectors.txt", VOCAB, lowercase_fallback=False, seed=7)
+    assert stats.oov == 2 and stats.found_lowercase == 0
+    again, _ = load_vectors(FIXTURES / "vectors.txt", VOCAB, lowercase_fallback=False, seed=7)
+    other, _ = load_vectors(FIXTURES / "vectors.txt", VOCAB, lowercase_fallback=False, seed=8)
+    film = VOCAB.token_to_id("Film")
+    assert torch.equal(weight, again) and not torch.equal(weight[film], other[film])
+    assert 0.0 < weight[film].abs().max() < 1.0  # N(0, 0.1^2) draw
+
+
+def test_gz_and_word2vec_header(tmp_path):
+    gz = tmp_path / "vectors.txt.gz"
+    gz.write_bytes(gzip.compress((FIXTURES / "vectors.txt").read_bytes()))
+    assert torch.equal(load_vectors(gz, VOCAB)[0], load_vectors(FIXTURES / "vectors.txt", VOCAB)[0])
+    weight, stats = load_vectors(FIXTURES / "vectors_word2vec.txt", VOCAB)
+    assert stats.file_words == 2 and stats.dim == 4
+    assert torch.equal(weight[VOCAB.token_to_id("the")], torch.tensor([0.1, 0.2, 0.3, 0.4]))
+
+
+@pytest.mark.parametrize(
+    ("name", "dim", "line", "message"),
+    [
+        ("vectors_bad_dim.txt", None, 3, "expected a word and 4 values, found 3 values"),
+        ("vectors_non_numeric.txt", None, 2, "non-numeric vector value"),
+        ("vectors.txt", 3, 1, "expected a word and 3 values, found 4 values"),
+        ("vectors_word2vec.txt", 5, 1, "header declares dimension 4, expected 5"),
+    ],
+)
+def test_malformed_vectors(name, dim, line, message):
+    path = FIXTURES / name
+    with pytest.raises(DataError) as info:
+        load_vectors(path, VOCAB, dim=dim)
+    assert str(info.value).startswith(f"{path}:{line}: {message}")
+
+
+def test_header_count_mismatch_and_empty_file(tmp_path):
+    path = tmp_path / "w2v.txt"
+    path.write_text("3 2\na 1 2\n")
+    with pytest.raises(DataError, match="header declares 3 vectors, the file has 1"):
+        load_vectors(path, VOCAB)
+    empty = FIXTURES / "empty.train"
+    with pytest.raises(DataError) as info:
+        load_vectors(empty, VOCAB)
+    assert str(info.value) == f"{empty}: empty file: no vectors"

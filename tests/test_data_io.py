@@ -1,0 +1,96 @@
+import gzip
+import json
+import os
+
+import pytest
+
+from seqzoo.data import DataError, atomic_write_bytes, atomic_write_text, open_text, read_json, read_text, write_json
+
+
+def test_data_error_formats():
+    assert str(DataError("bad", "a/b.txt", 3)) == "a/b.txt:3: bad"
+    assert str(DataError("bad", "a/b.txt")) == "a/b.txt: bad"
+    assert str(DataError("bad")) == "bad"
+    err = DataError("bad", "f", 2)
+    assert isinstance(err, ValueError) and (err.path, err.line, err.message) == ("f", 2, "bad")
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_open_text_lines_and_numbers(tmp_path, compress):
+    data = "héllo\nworld\nno newline".encode()
+    path = tmp_path / ("f.txt.gz" if compress else "f.txt")
+    path.write_bytes(gzip.compress(data) if compress else data)
+    with open_text(path) as lines:
+        got = [(lines.line, line) for line in lines]
+    assert got == [(1, "héllo\n"), (2, "world\n"), (3, "no newline")]
+    assert read_text(path) == data.decode()
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_invalid_utf8_names_file_and_line(tmp_path, compress):
+    data = b"ok\nstill ok\nbad \xff byte\nok\n"
+    path = tmp_path / ("bad.txt.gz" if compress else "bad.txt")
+    path.write_bytes(gzip.compress(data) if compress else data)
+    with pytest.raises(DataError) as info:
+        read_text(path)
+    assert str(info.value).startswith(f"{path}:3: invalid UTF-8")
+
+
+def test_corrupt_gzip_is_a_data_error(tmp_path):
+    path = tmp_path / "trunc.txt.gz"
+    path.write_bytes(gzip.compress(b"line\n" * 1000)[:-20])
+    with pytest.raises(DataError, match="corrupt gzip"):
+        read_text(path)
+
+
+def test_error_before_first_line_has_no_line_number(tmp_path):
+    path = tmp_path / "e.txt"
+    path.write_text("")
+    with open_text(path) as lines:
+        assert list(lines) == []
+        assert str(lines.error("empty")) == f"{path}: empty"
+
+
+def test_atomic_write_creates_and_replaces_keeping_mode(tmp_path):
+    path = tmp_path / "out.txt"
+    atomic_write_text(path, "one\n")
+    assert path.read_text() == "one\n"
+    os.chmod(path, 0o600)
+    atomic_write_bytes(path, b"two\n")
+    assert path.read_bytes() == b"two\n"
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+def test_write_json_failing_serialisation_leaves_old_file(tmp_path):
+    path = tmp_path / "state.json"
+    write_json(path, {"a": 1, "text": "é"})
+    with pytest.raises(TypeError):
+        write_json(path, {"a": object()})
+    assert read_json(path) == {"a": 1, "text": "é"}
+    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
+
+
+def test_atomic_write_failing_midway_leaves_old_file_and_no_temp(tmp_path, monkeypatch):
+    path = tmp_path / "model.bin"
+    atomic_write_bytes(path, b"old")
+
+    def broken_fsync(fd):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "fsync", broken_fsync)
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write_bytes(path, b"new but never completed")
+    assert path.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["model.bin"]
+
+
+def test_read_json_reports_line(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text('{\n  "a": 1,\n  "b": ,\n}\n')
+    with pytest.raises(DataError) as info:
+        read_json(path)
+    assert str(info.value).startswith(f"{path}:3: invalid JSON")
+    gz = tmp_path / "good.json.gz"
+    gz.write_bytes(gzip.compress(json.dumps([1, 2]).encode()))
+    assert read_json(gz) == [1, 2]

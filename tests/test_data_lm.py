@@ -1,0 +1,51 @@
+import gzip
+from pathlib import Path
+
+import pytest
+import torch
+
+from seqzoo.data import EOS, DataError, Vocab, batchify, build_lm_vocab, read_lm_tokens, tbptt_batches
+
+FIXTURES = Path(__file__).parent / "fixtures" / "data"
+
+
+def test_word_level_appends_eos_per_line():
+    tokens = read_lm_tokens(FIXTURES / "lm.txt", "word")
+    assert tokens == ["the", "cat", "sat", EOS, "on", "the", "mat", EOS]
+    vocab = build_lm_vocab(tokens, "word")
+    assert list(vocab)[:4] == [Vocab.PAD, Vocab.UNK, EOS, "the"] and len(vocab) == 8
+
+
+def test_char_level_counts_every_character(tmp_path):
+    text = (FIXTURES / "lm.txt").read_text()
+    assert read_lm_tokens(FIXTURES / "lm.txt", "char") == list(text)
+    gz = tmp_path / "text8.gz"
+    gz.write_bytes(gzip.compress(b" anarchism originated as"))  # single line, no newline
+    chars = read_lm_tokens(gz, "char")
+    assert "".join(chars) == " anarchism originated as"
+    assert EOS not in build_lm_vocab(chars, "char")
+
+
+def test_empty_file_and_bad_level():
+    with pytest.raises(DataError, match="empty file"):
+        read_lm_tokens(FIXTURES / "empty.train", "word")
+    with pytest.raises(ValueError, match="level"):
+        read_lm_tokens(FIXTURES / "lm.txt", "byte")
+
+
+def test_batchify_contiguous_streams():
+    streams = batchify(torch.arange(23), 4)
+    assert streams.shape == (4, 5)
+    assert streams[1].tolist() == [5, 6, 7, 8, 9]
+    with pytest.raises(ValueError):
+        batchify(torch.arange(3), 4)
+
+
+def test_tbptt_windows_shift_targets_by_one():
+    streams = batchify(torch.arange(40), 2)  # (2, 20)
+    windows = tbptt_batches(streams, bptt=6)
+    assert [x.shape for x, _ in windows] == [(2, 6), (2, 6), (2, 6), (2, 1)]
+    for x, y in windows:
+        assert x.shape == y.shape and torch.equal(y, x + 1)
+    targets = torch.cat([y for _, y in windows], dim=1)
+    assert torch.equal(targets, streams[:, 1:])
