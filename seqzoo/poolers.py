@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["POOLERS", "AttentionPooler", "LastPooler", "MaxPooler", "MeanMaxPooler", "MeanPooler", "Pooler", "build_pooler"]
+__all__ = [
+    "POOLERS", "AttentionPooler", "LastPooler", "MaxPooler", "MeanMaxPooler", "MeanPooler", "Pooler", "build_pooler",
+]
 
 
 class Pooler(nn.Module):

@@ -72,7 +72,9 @@ def assert_batch_invariant(encoder: Encoder, atol: float = 1e-5, seed: int = 0) 
     _close(full[order], shuffled, atol, "shuffled batch")
 
 
-def assert_stateful_chunks(encoder: Encoder, chunks: tuple[int, ...] = (3, 1, 5), atol: float = 1e-5, seed: int = 0) -> None:
+def assert_stateful_chunks(
+    encoder: Encoder, chunks: tuple[int, ...] = (3, 1, 5), atol: float = 1e-5, seed: int = 0
+) -> None:
     """Running a sequence chunk by chunk, carrying (detached) state, equals one whole run."""
     gen = torch.Generator().manual_seed(seed)
     time = sum(chunks)

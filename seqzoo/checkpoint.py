@@ -1,0 +1,115 @@
+"""Checkpoints as plain files: ``model.safetensors`` + JSON, never pickled code.
+
+A checkpoint is a directory. It is written next to its final place and swapped in with
+renames, so a crash at any moment leaves either the old or the new checkpoint complete
+(``{dir}.old`` is picked up by :func:`resolve_checkpoint` if the crash fell between the two
+renames).
+
+Training state (optimizer moments, RNG states, loop counters) is stored the same way:
+tensors in ``train_state.safetensors``, everything else in ``train_state.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+__all__ = [
+    "join_tensors",
+    "load_tensors",
+    "resolve_checkpoint",
+    "save_checkpoint_dir",
+    "split_tensors",
+]
+
+
+def split_tensors(tree: Any, prefix: str = "") -> tuple[Any, dict[str, torch.Tensor]]:
+    """Replace every tensor in a nested dict/list by a ``{"__tensor__": key}`` reference.
+
+    Returns the JSON-able skeleton and the flat ``{key: tensor}`` dict for safetensors.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+
+    def walk(node: Any, path: str) -> Any:
+        if isinstance(node, torch.Tensor):
+            tensors[path] = node.detach().cpu().contiguous()
+            return {"__tensor__": path}
+        if isinstance(node, dict):
+            return {str(k): walk(v, f"{path}.{k}" if path else str(k)) for k, v in node.items()}
+        if isinstance(node, (list, tuple)):
+            return [walk(v, f"{path}.{i}" if path else str(i)) for i, v in enumerate(node)]
+        return node
+
+    return walk(tree, prefix), tensors
+
+
+def join_tensors(skeleton: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """Inverse of :func:`split_tensors` (dict keys come back as strings)."""
+    if isinstance(skeleton, dict):
+        if set(skeleton) == {"__tensor__"}:
+            return tensors[skeleton["__tensor__"]]
+        return {k: join_tensors(v, tensors) for k, v in skeleton.items()}
+    if isinstance(skeleton, list):
+        return [join_tensors(v, tensors) for v in skeleton]
+    return skeleton
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint_dir(
+    directory: str | Path,
+    tensors: dict[str, dict[str, torch.Tensor]],
+    documents: dict[str, Any],
+) -> Path:
+    """Atomically (re)write checkpoint ``directory``.
+
+    ``tensors`` maps file stems to flat tensor dicts (written as ``{stem}.safetensors``),
+    ``documents`` maps file names to JSON-able objects (or ``str`` for verbatim text).
+    """
+    directory = Path(directory)
+    tmp = directory.with_name(directory.name + ".tmp")
+    old = directory.with_name(directory.name + ".old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for stem, flat in tensors.items():
+        save_file(flat, str(tmp / f"{stem}.safetensors"))
+    for name, content in documents.items():
+        text = content if isinstance(content, str) else json.dumps(content, indent=2, sort_keys=True)
+        (tmp / name).write_text(text, encoding="utf-8")
+    for child in tmp.iterdir():
+        with open(child, "rb") as handle:
+            os.fsync(handle.fileno())
+    _fsync_dir(tmp)
+    if directory.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(directory, old)
+    os.replace(tmp, directory)
+    _fsync_dir(directory.parent)
+    shutil.rmtree(old, ignore_errors=True)
+    return directory
+
+
+def resolve_checkpoint(directory: str | Path) -> Path | None:
+    """The complete checkpoint at ``directory`` (or its ``.old`` twin after a crash), else None."""
+    directory = Path(directory)
+    for candidate in (directory, directory.with_name(directory.name + ".old")):
+        if candidate.is_dir() and any(candidate.glob("*.safetensors")):
+            return candidate
+    return None
+
+
+def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """Load a safetensors file (no code is ever unpickled)."""
+    return load_file(str(path))

@@ -1,0 +1,128 @@
+"""The ``seqzoo`` command: train, evaluate, predict, bench."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+from pathlib import Path
+
+from seqzoo.config import ConfigError, load_config
+
+__all__ = ["main"]
+
+log = logging.getLogger("seqzoo")
+
+
+def _new_run_dir(output_dir: str, name: str) -> Path:
+    base = Path(output_dir) / name
+    candidate, n = base, 1
+    while candidate.exists():
+        n += 1
+        candidate = base.with_name(f"{base.name}-{n}")
+    return candidate
+
+
+def _train(args: argparse.Namespace) -> int:
+    from seqzoo.runner import format_summary, run
+
+    if args.resume:
+        run_dir = Path(args.resume)
+        if not (run_dir / "config.yaml").exists():
+            raise ConfigError(f"{run_dir}: not a run directory (no config.yaml)")
+        config = load_config(run_dir / "config.yaml", args.set)
+    else:
+        config = load_config(args.config, args.set)
+        run_dir = Path(args.run_dir) if args.run_dir else _new_run_dir(config.output_dir, config.name)
+    summary = run(config, run_dir, resume=bool(args.resume))
+    print("\n".join(format_summary(summary)))
+    plots = sorted(str(p) for p in run_dir.rglob("*.png"))
+    print(f"run directory: {run_dir}")
+    if plots:
+        print("plots: " + ", ".join(plots))
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from seqzoo.runner import find_runs, format_summary, load_task, summarize
+
+    runs = find_runs(args.run_dir)
+    if not runs:
+        raise ConfigError(f"{args.run_dir}: no trained model (no best/ checkpoint) below this directory")
+    results = {}
+    for sub in runs:
+        metrics = load_task(sub).evaluate(args.split)
+        results[str(sub)] = {f"{args.split}_{k}": v for k, v in metrics.items()}
+        print(json.dumps({"run": str(sub), "split": args.split, **metrics}))
+    print("\n".join(format_summary(summarize(results))))
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from seqzoo.runner import find_runs, load_task
+
+    runs = find_runs(args.run_dir)
+    if not runs:
+        raise ConfigError(f"{args.run_dir}: no trained model (no best/ checkpoint) below this directory")
+    task = load_task(runs[0], with_data=False)
+    source = sys.stdin if args.input in (None, "-") else open(args.input, encoding="utf-8")
+    with source:
+        texts = [line.rstrip("\n") for line in source if line.strip()]
+    for text, result in zip(texts, task.predict(texts), strict=True):
+        print(json.dumps({"text": text, **result}, ensure_ascii=False))
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    try:
+        module = importlib.import_module(f"seqzoo.bench.{args.name}")
+    except ModuleNotFoundError:
+        raise ConfigError(f"unknown benchmark {args.name!r}") from None
+    return int(module.main(args.rest) or 0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="seqzoo", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train and evaluate a recipe from a YAML config")
+    train.add_argument("config", nargs="?", help="YAML config (default: BiLSTM on the bundled movie_snippets corpus)")
+    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    train.add_argument("--run-dir", help="run directory (default: OUTPUT_DIR/NAME[-N])")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run")
+    train.set_defaults(func=_train)
+    evaluate = sub.add_parser("evaluate", help="evaluate the best checkpoint(s) of a run")
+    evaluate.add_argument("run_dir")
+    evaluate.add_argument("--split", default="test", choices=["train", "dev", "test"])
+    evaluate.set_defaults(func=_evaluate)
+    predict = sub.add_parser("predict", help="classify texts (one per line) with a trained run; JSON lines out")
+    predict.add_argument("run_dir")
+    predict.add_argument("--input", help="file with one text per line (default: stdin)")
+    predict.set_defaults(func=_predict)
+    bench = sub.add_parser("bench", help="benchmarks: seqzoo bench encoders|mzu --help")
+    bench.add_argument("name")
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    bench.set_defaults(func=_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) for h in log.handlers):
+        console = logging.StreamHandler(sys.stderr)
+        console.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(console)
+    log.setLevel(logging.INFO)
+    from seqzoo.data.errors import DataError
+    from seqzoo.training import TrainingError
+
+    try:
+        return args.func(args)
+    except (ConfigError, DataError, TrainingError, FileNotFoundError) as err:
+        print(f"seqzoo: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

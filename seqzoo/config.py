@@ -1,0 +1,217 @@
+"""Typed run configuration: dataclasses built from YAML plus ``--set key=value`` overrides.
+
+Every key is validated against the dataclass fields and their types; a bad key or value raises
+:class:`ConfigError` naming the dotted key (and the file it came from).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+__all__ = [
+    "ClassificationDataConfig",
+    "ConfigError",
+    "LMDataConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "RunConfig",
+    "TrainConfig",
+    "config_from_dict",
+    "config_to_dict",
+    "load_config",
+]
+
+
+class ConfigError(ValueError):
+    """A config key or value is invalid; the message names the dotted key."""
+
+
+@dataclass
+class ClassificationDataConfig:
+    """Fudan-format classification data: ``{data_dir}/{name}.{train,dev,test}[.gz]``."""
+
+    name: str = "movie_snippets"
+    data_dir: str | None = None  # None = the corpus bundled with seqzoo
+    lowercase: bool = True
+    min_freq: int = 1
+    max_vocab: int | None = None
+    max_len: int | None = None  # truncate longer texts (tokens)
+    embeddings: str | None = None  # GloVe-format text vectors (.txt or .gz)
+    embedding_dim: int = 50
+    freeze_embeddings: bool = False
+    folds: int = 5  # k-fold cross-validation when the task has no test split
+    dev_fraction: float = 0.1  # held out of train when the task has no dev split
+
+
+@dataclass
+class LMDataConfig:
+    """Language-modelling corpus: ``{data_dir}/{train,valid,test}.txt[.gz]``."""
+
+    data_dir: str = ""
+    level: Literal["word", "char"] = "word"
+    batch_size: int = 20
+    eval_batch_size: int = 10
+    bptt: int = 35
+    embedding_dim: int = 256
+
+
+@dataclass
+class ModelConfig:
+    encoder: str = "lstm"
+    encoder_args: dict[str, Any] = field(default_factory=lambda: {"hidden_size": 128, "bidirectional": True})
+    pooler: Literal["last", "mean", "max", "meanmax", "attention"] = "mean"
+    mlp_hidden: list[int] = field(default_factory=list)
+    embedding_dropout: float = 0.0
+    dropout: float = 0.5  # before the classifier / output layer
+    tie_weights: bool = False  # language models: share input embedding and softmax weights
+
+
+@dataclass
+class OptimConfig:
+    optimizer: Literal["adam", "adamw", "rmsprop", "sgd", "adagrad"] = "adam"
+    lr: float = 1e-3
+    weight_decay: float = 0.0  # L2
+    momentum: float = 0.0
+    alpha: float = 0.99  # RMSprop decay
+    eps: float = 1e-8
+    clip_norm: float | None = 5.0
+    schedule: Literal["constant", "plateau", "exponential", "step_after"] = "constant"
+    decay: float = 0.5  # LR multiplier of the schedule
+    decay_start: int = 0  # step_after: first epoch whose LR is decayed
+    min_lr: float = 0.0
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 10
+    batch_size: int = 32
+    eval_batch_size: int = 128
+    patience: int | None = 3  # early stopping on the dev metric (epochs without improvement)
+    seed: int = 1
+    seeds: list[int] = field(default_factory=list)  # multi-seed runs: mean ± std
+    checkpoint_every: int = 200  # steps between resumable checkpoints (and at every epoch end)
+    threads: int | None = None  # torch.set_num_threads
+    progress: bool | None = None  # None = only on a terminal
+
+
+@dataclass
+class RunConfig:
+    task: Literal["classification", "lm"] = "classification"
+    name: str = "run"
+    output_dir: str = "runs"
+    data: ClassificationDataConfig | LMDataConfig = field(default_factory=ClassificationDataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+_DATA_CONFIGS = {"classification": ClassificationDataConfig, "lm": LMDataConfig}
+
+
+def _check_value(value: Any, hint: Any, key: str) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for option in (a for a in args if a is not type(None)):
+            try:
+                return _check_value(value, option, key)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}: {value!r} does not match {hint}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, args))}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [_check_value(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, key)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is float and isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if (hint in (int, float) and isinstance(value, bool)) or not isinstance(value, hint):
+        raise ConfigError(f"{key}: expected {hint.__name__}, got {value!r}")
+    return value
+
+
+def _build(cls: type, values: Any, prefix: str) -> Any:
+    if not isinstance(values, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {values!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in values:
+        if key not in names:
+            raise ConfigError(f"unknown key {prefix + '.' if prefix else ''}{key} (valid: {', '.join(sorted(names))})")
+    kwargs = {k: _check_value(v, hints[k], f"{prefix + '.' if prefix else ''}{k}") for k, v in values.items()}
+    return cls(**kwargs)
+
+
+def config_from_dict(values: dict[str, Any]) -> RunConfig:
+    """Build and validate a :class:`RunConfig` from a plain dict (YAML content)."""
+    values = dict(values)
+    task = values.get("task", "classification")
+    if task not in _DATA_CONFIGS:
+        raise ConfigError(f"task: {task!r} is not one of {', '.join(map(repr, _DATA_CONFIGS))}")
+    data = _build(_DATA_CONFIGS[task], values.pop("data", {}) or {}, "data")
+    config = _build(RunConfig, values, "")
+    config.data = data
+    return config
+
+
+def config_to_dict(config: RunConfig) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def _apply_override(values: dict[str, Any], assignment: str) -> None:
+    if "=" not in assignment:
+        raise ConfigError(f"override {assignment!r} is not of the form key=value")
+    key, raw = assignment.split("=", 1)
+    parts = key.strip().split(".")
+    target = values
+    for part in parts[:-1]:
+        target = target.setdefault(part, {})
+        if not isinstance(target, dict):
+            raise ConfigError(f"override {key}: {part} is not a section")
+    target[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Read a YAML config (or start from defaults) and apply ``key.sub=value`` overrides."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: invalid YAML: {err}") from None
+        except OSError as err:
+            raise ConfigError(f"{path}: {err.strerror}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping")
+        values = loaded or {}
+    for assignment in overrides:
+        _apply_override(values, assignment)
+    try:
+        return config_from_dict(values)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}" if path else str(err)) from None

@@ -1,0 +1,102 @@
+"""Run a config end to end: seeds x folds sub-runs, each trained by :class:`seqzoo.training.Trainer`,
+then a ``summary.json`` with mean ± std of every test metric."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from seqzoo.checkpoint import resolve_checkpoint
+from seqzoo.config import RunConfig, config_from_dict
+from seqzoo.data.io import write_json
+from seqzoo.training import Trainer, mean_std, set_seed
+
+__all__ = ["completed_test_record", "find_runs", "load_task", "run", "summarize"]
+
+log = logging.getLogger("seqzoo")
+
+_TASK_MODULES = {"classification": "seqzoo.tasks.classification", "lm": "seqzoo.tasks.lm"}
+
+
+def _task_module(task: str) -> Any:
+    return importlib.import_module(_TASK_MODULES[task])
+
+
+def completed_test_record(run_dir: Path) -> dict[str, Any] | None:
+    """The ``test`` record of a finished run, else None."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return None
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return next((r for r in records if r.get("event") == "test"), None)
+
+
+def run(config: RunConfig, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
+    """Train every (seed, fold) of ``config`` under ``run_dir`` and return the summary."""
+    run_dir = Path(run_dir)
+    if config.train.threads:
+        torch.set_num_threads(config.train.threads)
+    seeds = config.train.seeds or [config.train.seed]
+    module = _task_module(config.task)
+    results: dict[str, dict[str, Any]] = {}
+    for seed in seeds:
+        cfg = dataclasses.replace(config, train=dataclasses.replace(config.train, seed=seed, seeds=[]))
+        seed_dir = run_dir / f"seed-{seed}" if len(seeds) > 1 else run_dir
+        set_seed(seed)
+        for sub, task in module.build_tasks(cfg):
+            sub_dir = seed_dir / sub if sub else seed_dir
+            name = str(sub_dir.relative_to(run_dir)) if sub_dir != run_dir else "."
+            done = completed_test_record(sub_dir) if resume else None
+            if done is None:
+                log.info("training %s (seed %d) -> %s", config.name, seed, sub_dir)
+                Trainer(cfg, task, sub_dir).fit(resume=resume)
+                done = completed_test_record(sub_dir)
+            results[name] = {k: v for k, v in done.items() if k.startswith("test_")}
+    summary = summarize(results)
+    write_json(run_dir / "summary.json", summary)
+    for line in format_summary(summary):
+        log.info("%s", line)
+    return summary
+
+
+def summarize(results: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Mean ± sample std of each test metric over the sub-runs."""
+    keys = sorted({k for r in results.values() for k in r})
+    stats = {}
+    for key in keys:
+        values = [r[key] for r in results.values() if key in r]
+        mean, std = mean_std(values)
+        stats[key] = {"mean": mean, "std": std, "n": len(values)}
+    return {"runs": results, "metrics": stats}
+
+
+def format_summary(summary: dict[str, Any]) -> list[str]:
+    lines = []
+    for key, s in summary["metrics"].items():
+        scale = 100.0 if "accuracy" in key else 1.0
+        unit = "%" if scale == 100.0 else ""
+        lines.append(f"{key}: {s['mean'] * scale:.2f}{unit} ± {s['std'] * scale:.2f}{unit} (n={s['n']})")
+    return lines
+
+
+def find_runs(run_dir: str | Path) -> list[Path]:
+    """Every sub-run directory below ``run_dir`` that holds a ``best/`` checkpoint."""
+    run_dir = Path(run_dir)
+    found = sorted({p.parent for p in run_dir.rglob("best") if resolve_checkpoint(p)} |
+                   {p.parent for p in run_dir.rglob("best.old") if resolve_checkpoint(p.with_name("best"))})
+    return found
+
+
+def load_task(sub_run: str | Path, with_data: bool = True) -> Any:
+    """Rebuild a trained task from ``sub_run/best`` (safetensors + JSON; nothing is unpickled)."""
+    best = resolve_checkpoint(Path(sub_run) / "best")
+    if best is None:
+        raise FileNotFoundError(f"{sub_run}: no best/ checkpoint")
+    config = config_from_dict(json.loads((best / "config.json").read_text(encoding="utf-8")))
+    return _task_module(config.task).load_trained(config, best, with_data=with_data)

@@ -1,0 +1,1 @@
+"""Training recipes: each task module builds the model, batches, loss and metrics for one problem."""

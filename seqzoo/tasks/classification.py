@@ -1,0 +1,190 @@
+"""Text classification recipe: embedding -> any registered encoder -> pooler -> MLP -> softmax.
+
+Data: Fudan multi-task format (``LABEL<TAB>TEXT``), see :mod:`seqzoo.data.classification`.
+Splits: a missing dev split is held out of train (``data.dev_fraction``); a missing test split
+turns the run into k-fold cross-validation (``data.folds``), one sub-run per fold.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from seqzoo.base import build_encoder
+from seqzoo.config import ClassificationDataConfig, ModelConfig, RunConfig
+from seqzoo.data.batching import bucket_batches, pad_batch
+from seqzoo.data.classification import ClassificationData, LabeledText, LabelSet, bundled_corpus_dir
+from seqzoo.data.embeddings import load_vectors
+from seqzoo.data.text import Tokenizer, Vocab
+from seqzoo.poolers import build_pooler
+
+__all__ = ["ClassificationTask", "TextClassifier", "build_tasks", "load_data", "load_trained"]
+
+log = logging.getLogger("seqzoo")
+
+
+class TextClassifier(nn.Module):
+    """Embedding (B, T) -> encoder (B, T, H) -> pooler (B, P) -> MLP -> logits (B, C)."""
+
+    def __init__(self, vocab_size: int, embedding_dim: int, num_classes: int, cfg: ModelConfig,
+                 freeze_embeddings: bool = False) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, embedding_dim, padding_idx=0)
+        self.embedding.weight.requires_grad_(not freeze_embeddings)
+        self.embedding_dropout = nn.Dropout(cfg.embedding_dropout)
+        self.encoder = build_encoder(cfg.encoder, embedding_dim, **cfg.encoder_args)
+        self.pooler = build_pooler(cfg.pooler, self.encoder.output_size, self.encoder.bidirectional)
+        layers: list[nn.Module] = []
+        width = self.pooler.output_size
+        for hidden in cfg.mlp_hidden:
+            layers += [nn.Dropout(cfg.dropout), nn.Linear(width, hidden), nn.ReLU()]
+            width = hidden
+        layers += [nn.Dropout(cfg.dropout), nn.Linear(width, num_classes)]
+        self.head = nn.Sequential(*layers)
+
+    def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
+        x = self.embedding_dropout(self.embedding(ids))  # (B, T, E)
+        outputs, _ = self.encoder(x, mask)  # (B, T, H)
+        return self.head(self.pooler(outputs, mask))  # (B, C)
+
+    def auxiliary_loss(self) -> Tensor | None:
+        return self.encoder.auxiliary_loss()
+
+
+@dataclass
+class _Split:
+    ids: list[list[int]]
+    labels: list[int]
+
+
+def load_data(cfg: ClassificationDataConfig, seed: int) -> ClassificationData:
+    """The task's splits (dev held out of train when missing; ``test`` None when missing)."""
+    data_dir = Path(cfg.data_dir) if cfg.data_dir else bundled_corpus_dir()
+    return ClassificationData.from_dir(data_dir, cfg.name, dev_fraction=cfg.dev_fraction, seed=seed)
+
+
+class ClassificationTask:
+    """The :class:`seqzoo.training.Task` for text classification."""
+
+    metric = "accuracy"
+    higher_is_better = True
+
+    def __init__(self, config: RunConfig, splits: dict[str, list[LabeledText]],
+                 vocab: Vocab | None = None, labels: LabelSet | None = None,
+                 tokenizer: Tokenizer | None = None, load_embeddings: bool = True) -> None:
+        self.config = config
+        data: ClassificationDataConfig = config.data
+        self.tokenizer = tokenizer or Tokenizer(lowercase=data.lowercase)
+        tokens = {name: [self._tokens(ex.text) for ex in split] for name, split in splits.items()}
+        self.vocab = vocab or Vocab.build(tokens["train"], min_freq=data.min_freq, max_size=data.max_vocab)
+        self.labels = labels or LabelSet(ex.label for ex in splits["train"])
+        self.splits = {
+            name: _Split(
+                [self.vocab.encode(t) or [self.vocab.token_to_id(Vocab.UNK)] for t in tokens[name]],
+                [self.labels.encode(ex.label, ex.path, ex.line) for ex in split],
+            )
+            for name, split in splits.items()
+        }
+        dim = data.embedding_dim
+        vectors = None
+        if data.embeddings and load_embeddings:
+            vectors, stats = load_vectors(data.embeddings, self.vocab)
+            dim = vectors.shape[1]
+            log.info("embeddings %s: %s", data.embeddings, stats)
+        self.model = TextClassifier(len(self.vocab), dim, len(self.labels), config.model, data.freeze_embeddings)
+        if vectors is not None:
+            with torch.no_grad():
+                self.model.embedding.weight.copy_(vectors)
+
+    def _tokens(self, text: str) -> list[str]:
+        tokens = self.tokenizer(text)
+        limit = self.config.data.max_len
+        return tokens[:limit] if limit else tokens
+
+    def _batch(self, split: _Split, indices: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+        ids, mask = pad_batch([split.ids[i] for i in indices])
+        return ids, mask, torch.tensor([split.labels[i] for i in indices])
+
+    def train_batches(self, epoch: int) -> list[list[int]]:
+        lengths = [len(s) for s in self.splits["train"].ids]
+        seed = self.config.train.seed * 1_000_003 + epoch
+        return bucket_batches(lengths, self.config.train.batch_size, shuffle=True, seed=seed)
+
+    def train_loss(self, batch: list[int]) -> tuple[Tensor, int]:
+        ids, mask, y = self._batch(self.splits["train"], batch)
+        loss = F.cross_entropy(self.model(ids, mask), y)
+        aux = self.model.auxiliary_loss()
+        return (loss + aux if aux is not None else loss), int(mask.sum())
+
+    @torch.no_grad()
+    def evaluate(self, split: str) -> dict[str, float]:
+        data = self.splits[split]
+        self.model.eval()
+        correct, loss_sum = 0, 0.0
+        for indices in bucket_batches([len(s) for s in data.ids], self.config.train.eval_batch_size, shuffle=False):
+            ids, mask, y = self._batch(data, indices)
+            logits = self.model(ids, mask)
+            loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
+            correct += int((logits.argmax(-1) == y).sum())
+        self.model.train()
+        n = len(data.labels)
+        return {"accuracy": correct / n, "loss": loss_sum / n}
+
+    @torch.no_grad()
+    def predict(self, texts: list[str]) -> list[dict[str, Any]]:
+        """Label and class probabilities for raw texts."""
+        self.model.eval()
+        ids = [self.vocab.encode(self._tokens(t)) or [self.vocab.token_to_id(Vocab.UNK)] for t in texts]
+        results: list[dict[str, Any]] = []
+        size = self.config.train.eval_batch_size
+        for start in range(0, len(ids), size):
+            batch, mask = pad_batch(ids[start : start + size])
+            probs = torch.softmax(self.model(batch, mask), dim=-1)
+            for row in probs.tolist():
+                best = max(range(len(row)), key=row.__getitem__)
+                results.append({"label": self.labels.decode(best),
+                                "probabilities": {self.labels.decode(i): p for i, p in enumerate(row)}})
+        return results
+
+    def documents(self) -> dict[str, Any]:
+        return {"vocab.json": self.vocab.to_dict(), "labels.json": self.labels.to_dict(),
+                "tokenizer.json": self.tokenizer.to_dict()}
+
+
+def build_tasks(config: RunConfig) -> list[tuple[str, ClassificationTask]]:
+    """One task per fold: ``[("", task)]`` with a test split, else ``[("fold-1", ...), ...]``."""
+    data = load_data(config.data, config.train.seed)
+    if data.test is not None:
+        return [("", ClassificationTask(config, _splits(data), labels=data.labels))]
+    return [
+        (f"fold-{f + 1}", ClassificationTask(config, _splits(fold), labels=data.labels))
+        for f, fold in enumerate(data.folds(config.data.folds, seed=config.train.seed))
+    ]
+
+
+def _splits(data: ClassificationData) -> dict[str, list[LabeledText]]:
+    return {"train": data.train, "dev": data.dev, "test": data.test}
+
+
+def load_trained(config: RunConfig, best: Path, with_data: bool = True) -> ClassificationTask:
+    """Rebuild a trained classifier from a ``best/`` checkpoint directory."""
+    from seqzoo.checkpoint import load_tensors
+    from seqzoo.data.io import read_json
+
+    splits: dict[str, list[LabeledText]] = {}
+    if with_data:
+        loaded = _splits(load_data(config.data, config.train.seed))
+        splits = {name: split for name, split in loaded.items() if split is not None}
+    task = ClassificationTask(
+        config, splits, vocab=Vocab.from_dict(read_json(best / "vocab.json")),
+        labels=LabelSet.from_dict(read_json(best / "labels.json")),
+        tokenizer=Tokenizer.from_dict(read_json(best / "tokenizer.json")), load_embeddings=False,
+    )
+    task.model.load_state_dict(load_tensors(best / "model.safetensors"))
+    return task

@@ -1,0 +1,302 @@
+"""The training loop shared by every recipe: optimisation, early stopping, resumable checkpoints.
+
+A recipe supplies a :class:`Task` (model, batches, loss, evaluation); :class:`Trainer` does the
+rest and writes the run directory::
+
+    run_dir/config.yaml        resolved config
+    run_dir/metrics.jsonl      one JSON record per epoch, then the test record
+    run_dir/train.log          human-readable log
+    run_dir/last/              resumable state (model, optimizer, RNG, loop position)
+    run_dir/best/              best model by the dev metric + what is needed to load it
+    run_dir/plots/*.png        loss and metric curves
+
+Resuming (``Trainer.fit(resume=True)``) restarts from ``last/`` at the exact batch where it
+was saved: batch order is a pure function of (seed, epoch) and all RNG states are restored,
+so on CPU the resumed run reproduces the uninterrupted one's metrics exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import yaml
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from seqzoo.checkpoint import join_tensors, load_tensors, resolve_checkpoint, save_checkpoint_dir, split_tensors
+from seqzoo.config import OptimConfig, RunConfig, config_to_dict
+from seqzoo.plots import plot_curves
+
+__all__ = ["Task", "Trainer", "TrainingError", "build_optimizer", "set_seed"]
+
+log = logging.getLogger("seqzoo")
+
+#: Keys of metric records that measure time; they differ between otherwise identical runs.
+TIMING_KEYS = ("seconds", "tokens_per_s")
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (e.g. a non-finite loss); the last good checkpoint is kept."""
+
+
+class Task(Protocol):
+    """What a recipe gives the trainer."""
+
+    model: nn.Module
+    metric: str  # dev metric used for model selection, e.g. "accuracy", "ppl", "bpc"
+    higher_is_better: bool
+
+    def train_batches(self, epoch: int) -> Sequence[Any]:
+        """The epoch's training batches; must depend only on the seed and ``epoch``."""
+
+    def train_loss(self, batch: Any) -> tuple[Tensor, int]:
+        """Loss to minimise for ``batch`` (auxiliary losses included) and its token count."""
+
+    def evaluate(self, split: str) -> dict[str, float]:
+        """Metrics on ``split`` ("dev" or "test"), including ``self.metric``."""
+
+    def documents(self) -> dict[str, Any]:
+        """JSON documents saved beside the model (vocabulary, labels, ...)."""
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_optimizer(params: Sequence[nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
+    params = [p for p in params if p.requires_grad]
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "rmsprop":
+        return torch.optim.RMSprop(
+            params, lr=cfg.lr, alpha=cfg.alpha, eps=cfg.eps, weight_decay=cfg.weight_decay, momentum=cfg.momentum
+        )
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    return torch.optim.Adagrad(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay)
+
+
+class Trainer:
+    """Runs ``task`` under ``config`` and writes everything to ``run_dir``."""
+
+    def __init__(self, config: RunConfig, task: Task, run_dir: str | Path) -> None:
+        self.config, self.task, self.run_dir = config, task, Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.optimizer = build_optimizer(list(task.model.parameters()), config.optim)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.state: dict[str, Any] = {
+            "epoch": 0, "step_in_epoch": 0, "global_step": 0, "loss_sum": 0.0, "loss_tokens": 0,
+            "best": None, "best_epoch": None, "bad_epochs": 0, "lr": config.optim.lr, "done": False,
+            "metrics_bytes": 0,
+        }
+        self._handler = self._attach_log()
+
+    # ----------------------------------------------------------------- bookkeeping
+    def _attach_log(self) -> logging.Handler:
+        handler = logging.FileHandler(self.run_dir / "train.log", encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        return handler
+
+    def _record(self, record: dict[str, Any]) -> None:
+        with open(self.metrics_path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record, sort_keys=True) + "\n")
+            handle.flush()
+        self.state["metrics_bytes"] = self.metrics_path.stat().st_size
+
+    def _set_lr(self, lr: float) -> None:
+        self.state["lr"] = lr
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def _save_last(self) -> None:
+        optim_skeleton, optim_tensors = split_tensors(self.optimizer.state_dict())
+        extra_skeleton, extra_tensors = split_tensors(getattr(self.task, "extra_state", dict)())
+        rng = {"torch": torch.get_rng_state()}
+        save_checkpoint_dir(
+            self.run_dir / "last",
+            {"model": _model_tensors(self.task.model), "optimizer": optim_tensors, "rng": rng, "extra": extra_tensors},
+            {
+                "train_state.json": {
+                    "loop": self.state, "optimizer": optim_skeleton, "extra": extra_skeleton,
+                    "python_rng": _jsonable(random.getstate()),
+                },
+                "config.json": config_to_dict(self.config),
+            },
+        )
+
+    def _load_last(self) -> bool:
+        path = resolve_checkpoint(self.run_dir / "last")
+        if path is None:
+            return False
+        doc = json.loads((path / "train_state.json").read_text(encoding="utf-8"))
+        self.task.model.load_state_dict(load_tensors(path / "model.safetensors"))
+        optim_state = join_tensors(doc["optimizer"], load_tensors(path / "optimizer.safetensors"))
+        self.optimizer.load_state_dict(_int_keys(optim_state))
+        if hasattr(self.task, "load_extra_state"):
+            self.task.load_extra_state(join_tensors(doc["extra"], load_tensors(path / "extra.safetensors")))
+        torch.set_rng_state(load_tensors(path / "rng.safetensors")["torch"])
+        random.setstate(_tuples(doc["python_rng"]))
+        self.state = doc["loop"]
+        self._set_lr(self.state["lr"])
+        # Drop metric records written after this checkpoint (the run died before saving again).
+        if self.metrics_path.exists():
+            with open(self.metrics_path, "r+b") as handle:
+                handle.truncate(self.state["metrics_bytes"])
+        return True
+
+    def _save_best(self) -> None:
+        documents = {"config.json": config_to_dict(self.config), **self.task.documents()}
+        save_checkpoint_dir(self.run_dir / "best", {"model": _model_tensors(self.task.model)}, documents)
+
+    # ----------------------------------------------------------------- the loop
+    def fit(self, resume: bool = False) -> dict[str, float]:
+        """Train (or resume), keep the best dev checkpoint, evaluate it on test; return test metrics."""
+        cfg = self.config
+        resolved = yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+        (self.run_dir / "config.yaml").write_text(resolved, encoding="utf-8")
+        if resume and self._load_last():
+            state = self.state
+            log.info("resumed %s at epoch %d, step %d", self.run_dir, state["epoch"] + 1, state["step_in_epoch"])
+        elif self.metrics_path.exists():
+            self.metrics_path.unlink()
+        try:
+            while not self.state["done"] and self.state["epoch"] < cfg.train.epochs:
+                self._train_epoch()
+            return self._finish()
+        finally:
+            log.removeHandler(self._handler)
+            self._handler.close()
+
+    def _train_epoch(self) -> None:
+        cfg, task, state = self.config, self.task, self.state
+        epoch = state["epoch"]
+        batches = task.train_batches(epoch)
+        show = cfg.train.progress if cfg.train.progress is not None else sys.stderr.isatty()
+        bar = tqdm(total=len(batches), initial=state["step_in_epoch"], disable=not show,
+                   desc=f"epoch {epoch + 1}/{cfg.train.epochs}", unit="batch", dynamic_ncols=True)
+        task.model.train()
+        start, tokens_seen = time.perf_counter(), 0
+        for index in range(state["step_in_epoch"], len(batches)):
+            loss, tokens = task.train_loss(batches[index])
+            if not torch.isfinite(loss):
+                bar.close()
+                raise TrainingError(
+                    f"non-finite loss ({loss.item()}) at epoch {epoch + 1}, batch {index + 1}; "
+                    f"stopping. The last good checkpoint is kept in {self.run_dir / 'last'} "
+                    f"(best model in {self.run_dir / 'best'}). Try a lower learning rate or gradient clipping."
+                )
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.optim.clip_norm:
+                nn.utils.clip_grad_norm_(task.model.parameters(), cfg.optim.clip_norm)
+            self.optimizer.step()
+            state["loss_sum"] += loss.item() * tokens
+            state["loss_tokens"] += tokens
+            state["step_in_epoch"] = index + 1
+            state["global_step"] += 1
+            tokens_seen += tokens
+            bar.update(1)
+            if bar.n % 10 == 0 or index + 1 == len(batches):
+                rate = tokens_seen / max(time.perf_counter() - start, 1e-9)
+                bar.set_postfix(loss=f"{state['loss_sum'] / max(state['loss_tokens'], 1):.4f}", tok_s=f"{rate:,.0f}")
+            if cfg.train.checkpoint_every and state["global_step"] % cfg.train.checkpoint_every == 0:
+                self._save_last()
+        bar.close()
+        seconds = time.perf_counter() - start
+        self._end_epoch(epoch, seconds, tokens_seen)
+
+    def _end_epoch(self, epoch: int, seconds: float, tokens: int) -> None:
+        cfg, task, state = self.config, self.task, self.state
+        dev = task.evaluate("dev")
+        value = dev[task.metric]
+        best = state["best"]
+        improved = best is None or (value > best if task.higher_is_better else value < best)
+        record = {
+            "event": "epoch", "epoch": epoch + 1, "lr": state["lr"],
+            "train_loss": state["loss_sum"] / max(state["loss_tokens"], 1),
+            **{f"dev_{k}": v for k, v in dev.items()},
+            "seconds": round(seconds, 3), "tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
+        }
+        log.info(
+            "epoch %d: train loss %.4f, dev %s %.4f%s, %.1fs, %.0f tokens/s", epoch + 1, record["train_loss"],
+            task.metric, value, " (best)" if improved else "", seconds, record["tokens_per_s"],
+        )
+        if improved:
+            state.update(best=value, best_epoch=epoch + 1, bad_epochs=0)
+            self._save_best()
+        else:
+            state["bad_epochs"] += 1
+        self._record(record)
+        self._step_schedule(epoch, improved)
+        patience = cfg.train.patience
+        state.update(epoch=epoch + 1, step_in_epoch=0, loss_sum=0.0, loss_tokens=0)
+        if patience is not None and state["bad_epochs"] >= patience:
+            log.info("early stopping: no dev improvement for %d epochs", patience)
+            state["done"] = True
+        self._save_last()
+        plot_curves(self.metrics_path, self.run_dir / "plots", task.metric)
+
+    def _step_schedule(self, epoch: int, improved: bool) -> None:
+        cfg = self.config.optim
+        lr = self.state["lr"]
+        if (
+            cfg.schedule == "exponential"
+            or (cfg.schedule == "plateau" and not improved)
+            or (cfg.schedule == "step_after" and epoch + 1 >= cfg.decay_start)
+        ):
+            lr = max(lr * cfg.decay, cfg.min_lr)
+        self._set_lr(lr)
+
+    def _finish(self) -> dict[str, float]:
+        task = self.task
+        best = resolve_checkpoint(self.run_dir / "best")
+        if best is None:
+            raise TrainingError(f"no best checkpoint in {self.run_dir}; did training run any epoch?")
+        task.model.load_state_dict(load_tensors(best / "model.safetensors"))
+        test = task.evaluate("test")
+        record = {f"test_{k}": v for k, v in test.items()}
+        self._record({"event": "test", "best_epoch": self.state["best_epoch"], **record})
+        plots = plot_curves(self.metrics_path, self.run_dir / "plots", task.metric)
+        log.info("test %s", ", ".join(f"{k} {v:.4f}" for k, v in test.items()))
+        log.info("run directory: %s; plots: %s", self.run_dir, ", ".join(str(p) for p in plots))
+        return test
+
+
+def _model_tensors(model: nn.Module) -> dict[str, Tensor]:
+    return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+
+
+def _jsonable(value: Any) -> Any:
+    return [_jsonable(v) for v in value] if isinstance(value, (tuple, list)) else value
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def _int_keys(optim_state: dict[str, Any]) -> dict[str, Any]:
+    """JSON turned the optimizer's integer parameter ids into strings; turn them back."""
+    state = {int(k): v for k, v in optim_state["state"].items()}
+    return {**optim_state, "state": state}
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, 0.0
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))

@@ -1,0 +1,39 @@
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+POSITIVE = "good great fine superb lovely moving brilliant fun warm charming".split()
+NEGATIVE = "bad awful dull boring weak poor flat tedious messy bland".split()
+NEUTRAL = "the a film movie story plot it is was and of with this that actor scene".split()
+
+
+def write_sentiment_corpus(directory: Path, name: str = "toy", sizes=(240, 60, 60), seed: int = 0) -> Path:
+    """A small learnable two-class corpus in the Fudan format (LABEL<TAB>TEXT)."""
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, n in zip(("train", "dev", "test"), sizes, strict=True):
+        lines = []
+        for i in range(n):
+            label = "pos" if i % 2 else "neg"
+            cue = POSITIVE if label == "pos" else NEGATIVE
+            words = rng.choices(NEUTRAL, k=rng.randint(3, 12)) + rng.choices(cue, k=rng.randint(1, 2))
+            rng.shuffle(words)
+            lines.append(f"{label}\t{' '.join(words)}")
+        (directory / f"{name}.{split}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return directory
+
+
+@pytest.fixture
+def toy_corpus(tmp_path: Path) -> Path:
+    return write_sentiment_corpus(tmp_path / "data")
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    """Real corpora (a directory laid out like shared/data), from the SEQZOO_DATA variable."""
+    root = os.environ.get("SEQZOO_DATA")
+    if not root:
+        pytest.skip("SEQZOO_DATA is not set: real-corpus integration tests need it (see README)")
+    return Path(root)

@@ -1,0 +1,23 @@
+import torch
+
+from seqzoo.checkpoint import join_tensors, load_tensors, resolve_checkpoint, save_checkpoint_dir, split_tensors
+
+
+def test_split_join_round_trip():
+    tree = {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.ones(2)}}, "groups": [{"lr": 0.1, "params": [0]}]}
+    skeleton, tensors = split_tensors(tree)
+    back = join_tensors(skeleton, tensors)
+    assert torch.equal(back["state"]["0"]["exp_avg"], torch.ones(2)) and back["groups"] == [{"lr": 0.1, "params": [0]}]
+
+
+def test_atomic_swap_and_crash_leftovers(tmp_path):
+    target = tmp_path / "last"
+    save_checkpoint_dir(target, {"model": {"w": torch.zeros(2)}}, {"a.json": {"v": 1}})
+    save_checkpoint_dir(target, {"model": {"w": torch.ones(2)}}, {"a.json": {"v": 2}})
+    assert torch.equal(load_tensors(target / "model.safetensors")["w"], torch.ones(2))
+    assert not (tmp_path / "last.old").exists() and not (tmp_path / "last.tmp").exists()
+    # A crash between the two renames leaves only last.old: it is still found.
+    target.rename(tmp_path / "last.old")
+    (tmp_path / "last.tmp").mkdir()  # a half-written new checkpoint is ignored
+    assert resolve_checkpoint(target) == tmp_path / "last.old"
+    assert resolve_checkpoint(tmp_path / "missing") is None

@@ -1,0 +1,44 @@
+import pytest
+
+from seqzoo.config import ClassificationDataConfig, ConfigError, LMDataConfig, load_config
+
+
+def test_yaml_and_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("name: x\nmodel:\n  encoder: gru\n  encoder_args: {hidden_size: 8}\noptim:\n  lr: 1\n")
+    cfg = load_config(path, ["train.seeds=[1,2]", "model.encoder_args.bidirectional=true", "data.max_len=5"])
+    assert cfg.model.encoder == "gru" and cfg.model.encoder_args == {"hidden_size": 8, "bidirectional": True}
+    assert cfg.optim.lr == 1.0 and isinstance(cfg.optim.lr, float)
+    assert cfg.train.seeds == [1, 2] and isinstance(cfg.data, ClassificationDataConfig) and cfg.data.max_len == 5
+
+
+def test_lm_task_selects_lm_data_config():
+    cfg = load_config(None, ["task=lm", "data.level=char", "data.bptt=150"])
+    assert isinstance(cfg.data, LMDataConfig) and cfg.data.bptt == 150
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.encodr=gru", "unknown key model.encodr"),
+        ("optim.lr=fast", "optim.lr: expected float"),
+        ("optim.optimizer=lbfgs", "optim.optimizer: 'lbfgs' is not one of"),
+        ("train.seeds=3", "train.seeds: expected a list"),
+        ("train.epochs=true", "train.epochs: expected int"),
+        ("task=nope", "task: 'nope' is not one of"),
+        ("noequals", "not of the form key=value"),
+    ],
+)
+def test_bad_values_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_errors_name_the_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("train:\n  epochz: 3\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: unknown key train\.epochz"):
+        load_config(path)
+    path.write_text("train: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: invalid YAML"):
+        load_config(path)

@@ -1,0 +1,142 @@
+"""End-to-end training: the recipe, run directory, NaN handling and exact resume after SIGKILL."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from seqzoo.cli import main
+from seqzoo.config import load_config
+from seqzoo.runner import run
+from seqzoo.training import TIMING_KEYS, TrainingError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _config_yaml(data_dir: Path, tmp_path: Path, **extra: str) -> Path:
+    text = textwrap.dedent(f"""\
+        name: toy
+        output_dir: {tmp_path / 'runs'}
+        data: {{name: toy, data_dir: {data_dir}, embedding_dim: 16}}
+        model: {{encoder: lstm, encoder_args: {{hidden_size: 12, bidirectional: true}}, pooler: mean, dropout: 0.2}}
+        optim: {{optimizer: adam, lr: 0.01}}
+        train: {{epochs: 3, batch_size: 8, patience: null, checkpoint_every: 10, seed: 3, progress: false}}
+        """)
+    for key, value in extra.items():
+        text += f"{key}: {value}\n"
+    path = tmp_path / "toy.yaml"
+    path.write_text(text)
+    return path
+
+
+def _records(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS} for line in lines]
+
+
+def test_train_evaluate_predict_cli(toy_corpus, tmp_path, capsys):
+    config = _config_yaml(toy_corpus, tmp_path)
+    assert main(["train", str(config), "--run-dir", str(tmp_path / "r"), "--set", "train.epochs=4"]) == 0
+    run_dir = tmp_path / "r"
+    records = _records(run_dir)
+    assert [r["event"] for r in records] == ["epoch"] * 4 + ["test"]
+    assert records[-1]["test_accuracy"] >= 0.8  # the toy task is learnable
+    for name in ("config.yaml", "train.log", "summary.json", "plots/loss.png", "plots/accuracy.png",
+                 "best/model.safetensors", "best/config.json", "best/vocab.json", "best/labels.json",
+                 "last/model.safetensors", "last/optimizer.safetensors"):
+        assert (run_dir / name).exists(), name
+    assert not list(run_dir.rglob("*.pt")) and not list(run_dir.rglob("*.pkl"))
+    capsys.readouterr()
+    assert main(["evaluate", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    evaluated = json.loads(out.splitlines()[0])
+    assert evaluated["accuracy"] == pytest.approx(records[-1]["test_accuracy"])
+    texts = tmp_path / "texts.txt"
+    texts.write_text("a superb lovely film\nawful boring plot\n")
+    assert main(["predict", str(run_dir), "--input", str(texts)]) == 0
+    preds = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [p["label"] for p in preds] == ["pos", "neg"]
+    assert sum(preds[0]["probabilities"].values()) == pytest.approx(1.0)
+
+
+def test_multi_seed_summary_reports_mean_and_std(toy_corpus, tmp_path):
+    config = load_config(_config_yaml(toy_corpus, tmp_path), ["train.seeds=[1,2]", "train.epochs=1"])
+    summary = run(config, tmp_path / "seeds")
+    acc = summary["metrics"]["test_accuracy"]
+    values = [summary["runs"][f"seed-{s}"]["test_accuracy"] for s in (1, 2)]
+    assert acc["n"] == 2 and acc["mean"] == pytest.approx(sum(values) / 2)
+    assert acc["std"] == pytest.approx(abs(values[0] - values[1]) / 2 ** 0.5)
+
+
+def test_kfold_when_no_test_split(toy_corpus, tmp_path):
+    (toy_corpus / "toy.test").unlink()
+    config = load_config(_config_yaml(toy_corpus, tmp_path), ["train.epochs=1", "data.folds=3"])
+    summary = run(config, tmp_path / "folds")
+    assert sorted(summary["runs"]) == ["fold-1", "fold-2", "fold-3"]
+    assert summary["metrics"]["test_accuracy"]["n"] == 3
+
+
+def test_nan_loss_stops_with_message_and_keeps_checkpoint(toy_corpus, tmp_path, monkeypatch):
+    from seqzoo.tasks.classification import ClassificationTask
+
+    original, calls = ClassificationTask.train_loss, []
+
+    def poisoned(self, batch):
+        loss, tokens = original(self, batch)
+        calls.append(1)
+        return (loss * float("nan") if len(calls) == 45 else loss), tokens
+
+    monkeypatch.setattr(ClassificationTask, "train_loss", poisoned)
+    config = load_config(_config_yaml(toy_corpus, tmp_path))
+    with pytest.raises(TrainingError, match=r"non-finite loss \(nan\) at epoch 2, batch 15.*last good checkpoint"):
+        run(config, tmp_path / "nan")
+    state = json.loads((tmp_path / "nan/last/train_state.json").read_text())["loop"]
+    assert state["global_step"] == 40  # the checkpoint before the NaN survives
+    assert (tmp_path / "nan/best/model.safetensors").exists()
+
+
+_KILLER = """
+import os, signal, sys
+from seqzoo.tasks import classification
+calls = 0
+original = classification.ClassificationTask.train_loss
+def train_loss(self, batch):
+    global calls
+    calls += 1
+    if calls == int(os.environ["KILL_AT"]):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return original(self, batch)
+classification.ClassificationTask.train_loss = train_loss
+from seqzoo.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_resume_after_sigkill_reproduces_uninterrupted_run(toy_corpus, tmp_path):
+    config = _config_yaml(toy_corpus, tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    base = [sys.executable, "-c", _KILLER, "train", str(config), "--set", "train.threads=1"]
+    # 240 examples / batch 8 = 30 batches per epoch; checkpoints every 10 steps.
+    # Step 47 is mid-epoch 2, 7 steps after the last checkpoint: that work is lost and redone.
+    killed = subprocess.run([*base, "--run-dir", str(tmp_path / "killed")], env={**env, "KILL_AT": "47"},
+                            capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    state = json.loads((tmp_path / "killed/last/train_state.json").read_text())["loop"]
+    assert (state["epoch"], state["step_in_epoch"]) == (1, 10)
+    resumed = subprocess.run([*base, "--resume", str(tmp_path / "killed")], env={**env, "KILL_AT": "0"},
+                             capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    clean = subprocess.run([*base, "--run-dir", str(tmp_path / "clean")], env={**env, "KILL_AT": "0"},
+                           capture_output=True, text=True)
+    assert clean.returncode == 0, clean.stderr
+    assert _records(tmp_path / "killed") == _records(tmp_path / "clean")
+    for name in ("best/model.safetensors", "last/model.safetensors"):
+        from safetensors.torch import load_file
+        a, b = load_file(tmp_path / "killed" / name), load_file(tmp_path / "clean" / name)
+        assert all(torch.equal(a[k], b[k]) for k in a), name
