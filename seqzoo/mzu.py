@@ -1,0 +1,393 @@
+"""Multi-Zone Unit (MZU) recurrent encoders.
+
+Fandong Meng, Jinchao Zhang, Yang Liu, Jie Zhou. "Multi-Zone Unit for Recurrent Neural
+Networks". AAAI 2020. Specification: ``MODELS.md`` section 4; equation numbers below are the
+paper's. Importing this module registers the encoder ``"mzu"``.
+
+Notation: ``B`` batch, ``T`` time, ``d_x`` input size, ``H = d_h`` hidden size, ``N`` zones of
+size ``d_z = H / N``, ``J`` output zones of size ``d_o``, ``d_f`` the FFN filter size.
+
+Choices the paper leaves open (MODELS.md 4.2 / 4.8, tagged [I] there):
+
+* **Layer norm** is applied to each M-function's output, before the tanh / sigmoid
+  (``h̃ = tanh(LN(M_h(x, h)))``, ``g = σ(LN(M_g(x, h)))``); the REGULAR ablations get the same LN.
+* **Candidate dropout**: dropout on ``h̃`` before the gated interpolation (eq. 1), at every depth.
+* **sat**: per-zone Q / K / V maps (``N`` separate ``d_z × d_z`` matrices each, MODELS.md 4.2).
+* **gcn**: ``Ã = cos(Z, Z) + I`` (footnote 1: self-connections added after the cosines);
+  the degree is taken from ``|Ã|`` (``D̃_ii = Σ_j |Ã_ij| ≥ 1``), which equals the paper's row sum
+  whenever all cosines are ≥ 0 and keeps ``D̃^{-1/2}`` finite when some are negative; σ = ReLU
+  by default (``gcn_activation="sigmoid"`` is the alternative). A zero zone has cosine 0 with
+  every zone (also in D_zone).
+* **cap**: the routing is differentiated through all ``T`` iterations; squash uses
+  ``s / sqrt(‖s‖² + ε)`` with ε = 1e-8.
+* **Deep transition sharing** (``share_transition=True``, the paper's PTB setting): the MZU cell
+  and all its t-MZU cells use the *same* M_h / M_g (and LN); a t-MZU applies them to
+  ``[0; h]``, i.e. only the hidden-state columns of zone generation. With the paper's default
+  depth L = 1 this is the only sharing "across depths" there can be.
+* **Disagreement** (eqs. 18–19): for every M-function application (M_h and M_g at every depth,
+  every layer and direction) D_zone is computed at each real token; ``D`` is their sum over
+  M-functions, averaged over the real tokens of the batch, and ``auxiliary_loss() = −λ·D``.
+  The per-token average matches a task loss that is a per-token mean.
+
+Fast formulation (CPU): zone generation is linear in ``[x; h]``, so the input half of M_h and
+M_g's zone generation (and of any REGULAR map) is one matmul over all ``T`` steps before the
+time loop; inside the loop the hidden half of both functions is one matmul with their
+concatenated (separate) weights. :meth:`MZUCell.reference` is the unfused transcription the
+fast path is tested against.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from seqzoo.base import State, register_encoder
+from seqzoo.recurrent import RecurrentCellEncoder, StepFn
+
+__all__ = [
+    "MZU",
+    "MFunction",
+    "MZUCell",
+    "MZUTransition",
+    "RegularTransform",
+    "capsule_routing",
+    "graph_conv_zones",
+    "self_attention_zones",
+    "squash",
+    "zone_disagreement",
+]
+
+COMPOSITIONS = ("sat", "gcn", "cap")
+_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": torch.relu, "sigmoid": torch.sigmoid}
+_NORM_EPS = 1e-12  # for unit vectors in cosines (F.normalize)
+
+
+def zone_disagreement(zones: Tensor) -> Tensor:
+    """D_zone (eq. 18) of zones (..., N, d_z) -> (...): ``−(1/N²) Σ_i Σ_j cos(z_i, z_j)``.
+
+    Computed as ``−‖Σ_i z_i/‖z_i‖‖² / N²``, which is the same double sum.
+    """
+    n = zones.shape[-2]
+    unit = F.normalize(zones, dim=-1, eps=_NORM_EPS)
+    return -unit.sum(-2).pow(2).sum(-1) / n**2
+
+
+def self_attention_zones(zones: Tensor, qkv: Tensor) -> Tensor:
+    """satMZU composition (eq. 6): (B, N, d_z) -> (B, N, d_z).
+
+    ``qkv`` (N, d_z, 3·d_z) holds each zone's own ``[W_Q | W_K | W_V]``.
+    """
+    q, k, v = torch.einsum("bnd,nde->bne", zones, qkv).chunk(3, dim=-1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(zones.shape[-1])  # (B, N, N)
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def graph_conv_zones(zones: Tensor, weight: Tensor, activation: Callable[[Tensor], Tensor] = torch.relu) -> Tensor:
+    """gcMZU composition (eqs. 7–9): (B, N, d_z) -> (B, N, d_g), ``weight`` W_g as (d_g, d_z).
+
+    ``Ã = cos(Z, Z) + I`` and ``D̃_ii = Σ_j |Ã_ij|`` (see the module docstring).
+    """
+    unit = F.normalize(zones, dim=-1, eps=_NORM_EPS)
+    eye = torch.eye(zones.shape[-2], dtype=zones.dtype, device=zones.device)
+    adjacency = unit @ unit.transpose(-1, -2) + eye  # eqs. 7-8 plus self-connections (B, N, N)
+    inv_sqrt_degree = adjacency.abs().sum(-1).rsqrt()  # (B, N)
+    normalized = inv_sqrt_degree.unsqueeze(-1) * adjacency * inv_sqrt_degree.unsqueeze(-2)
+    return activation(normalized @ F.linear(zones, weight))  # eq. 9
+
+
+def squash(s: Tensor, eps: float = 1e-8) -> Tensor:
+    """Capsule squash (eq. 13) over the last dimension: ``‖s‖²/(1+‖s‖²) · s/‖s‖``."""
+    squared = s.pow(2).sum(-1, keepdim=True)
+    return s * (squared / ((1 + squared) * torch.sqrt(squared + eps)))
+
+
+def capsule_routing(zones: Tensor, weight: Tensor, capsules: int, iterations: int) -> Tensor:
+    """capMZU composition (eqs. 10–14): (B, N, d_z) -> (B, J, d_o) by dynamic routing.
+
+    ``weight`` (J·d_o, d_z) stacks the J transforms ``W^c_j``, each shared by all input
+    capsules (footnote 2), so all predictions come from one matmul.
+    """
+    pred = F.linear(zones, weight).unflatten(-1, (capsules, -1))  # ẑ_{j|i} (B, N, J, d_o), eq. 10
+    logits = zones.new_zeros(pred.shape[:-1])  # b_ij = 0, (B, N, J)
+    for it in range(iterations):
+        coupling = torch.softmax(logits, dim=-1)  # c_ij, eq. 11
+        out = squash(torch.einsum("bnj,bnjd->bjd", coupling, pred))  # eqs. 12-13
+        if it + 1 < iterations:
+            logits = logits + torch.einsum("bnjd,bjd->bnj", pred, out)  # eq. 14
+    return out
+
+
+class MFunction(nn.Module):
+    """Multi-zone transformation function M(x, h) -> R^H (Figure 1), layer-normalised if asked.
+
+    ``generate``: zone generation (eq. 4), one bias-free ``Linear(d_x + H, N·d_z)`` on ``[x; h]``
+    (``input_size`` may be 0 for a t-MZU that never sees an input).
+    :meth:`head`: composition (sat / gcn / cap) -> position-wise FFN shared across the J output
+    zones (eq. 5) -> concatenation -> ``Linear(J·d_o, H)`` -> LN.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        composition: str = "sat",
+        num_zones: int = 4,
+        filter_size: int | None = None,
+        capsules: int = 2,
+        routing_iters: int = 3,
+        layer_norm: bool = True,
+        gcn_activation: str = "relu",
+    ) -> None:
+        super().__init__()
+        if composition not in COMPOSITIONS:
+            raise ValueError(f"composition must be one of {COMPOSITIONS}, got {composition!r}")
+        if num_zones < 1 or hidden_size % num_zones:
+            raise ValueError(f"hidden_size {hidden_size} must be divisible by num_zones {num_zones}")
+        if composition == "cap" and (capsules < 1 or hidden_size % capsules or routing_iters < 1):
+            raise ValueError(f"cap needs capsules dividing hidden_size {hidden_size} and routing_iters >= 1")
+        if gcn_activation not in _ACTIVATIONS:
+            raise ValueError(f"gcn_activation must be one of {sorted(_ACTIVATIONS)}, got {gcn_activation!r}")
+        self.composition = composition
+        self.num_zones = num_zones
+        self.zone_size = zone = hidden_size // num_zones
+        self.generate = nn.Linear(input_size + hidden_size, hidden_size, bias=False)  # eq. 4
+        out_zones, out_size = num_zones, zone
+        if composition == "sat":
+            self.qkv = nn.Parameter(torch.empty(num_zones, zone, 3 * zone).uniform_(-1, 1) / math.sqrt(zone))
+        elif composition == "gcn":
+            self.graph_weight = nn.Linear(zone, zone, bias=False)  # W_g, d_g = d_z
+            self.activation = _ACTIVATIONS[gcn_activation]
+        else:
+            out_zones, out_size = capsules, hidden_size // capsules
+            self.capsule_weight = nn.Linear(zone, capsules * out_size, bias=False)  # W^c (J, d_z, d_o)
+            self.routing_iters = routing_iters
+        self.out_zones = out_zones
+        filter_size = filter_size or hidden_size
+        self.ffn = nn.Sequential(nn.Linear(out_size, filter_size), nn.ReLU(), nn.Linear(filter_size, out_size))
+        self.out = nn.Linear(out_zones * out_size, hidden_size)
+        self.norm = nn.LayerNorm(hidden_size, eps=1e-6) if layer_norm else nn.Identity()
+
+    def compose(self, zones: Tensor) -> Tensor:
+        """Zone composition, (B, N, d_z) -> (B, J, d_o)."""
+        if self.composition == "sat":
+            return self_attention_zones(zones, self.qkv)
+        if self.composition == "gcn":
+            return graph_conv_zones(zones, self.graph_weight.weight, self.activation)
+        return capsule_routing(zones, self.capsule_weight.weight, self.out_zones, self.routing_iters)
+
+    def head(self, zones: Tensor) -> Tensor:
+        """Everything after zone generation: (B, N·d_z) flat zones -> (B, H)."""
+        composed = self.compose(zones.unflatten(-1, (self.num_zones, self.zone_size)))
+        return self.norm(self.out(self.ffn(composed).flatten(-2)))
+
+    def forward(self, u: Tensor) -> Tensor:
+        """M([x; h]): (B, d_x + H) -> (B, H)."""
+        return self.head(self.generate(u))
+
+
+class RegularTransform(nn.Module):
+    """REGULAR-GATE / REGULAR-TRANS ablation: ``Linear(d_x + H, H)`` on ``[x; h]`` (+ the same LN)."""
+
+    def __init__(self, input_size: int, hidden_size: int, layer_norm: bool = True) -> None:
+        super().__init__()
+        self.generate = nn.Linear(input_size + hidden_size, hidden_size)
+        self.norm = nn.LayerNorm(hidden_size, eps=1e-6) if layer_norm else nn.Identity()
+
+    def head(self, pre: Tensor) -> Tensor:
+        return self.norm(pre)
+
+    def forward(self, u: Tensor) -> Tensor:
+        return self.head(self.generate(u))
+
+
+class MZUTransition(nn.Module):
+    """One MZU cell (eqs. 1–3), or a t-MZU cell (eqs. 15–17) when fed ``x = 0``.
+
+    ``candidate`` is M_h (or the REGULAR-TRANS linear map), ``gate`` is M_g (or REGULAR-GATE).
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        dropout: float = 0.0,
+        regular_gate: bool = False,
+        regular_trans: bool = False,
+        layer_norm: bool = True,
+        **m_kwargs: object,
+    ) -> None:
+        super().__init__()
+        self.input_size = input_size
+
+        def transform(regular: bool) -> nn.Module:
+            if regular:
+                return RegularTransform(input_size, hidden_size, layer_norm)
+            return MFunction(input_size, hidden_size, layer_norm=layer_norm, **m_kwargs)
+
+        self.candidate = transform(regular_trans)
+        self.gate = transform(regular_gate)
+        self.dropout = nn.Dropout(dropout)
+
+    def fused_weights(self) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Zone generation of M_h and M_g side by side: x part (2H, d_x), h part (2H, H), bias (2H) or None."""
+        weight = torch.cat([self.candidate.generate.weight, self.gate.generate.weight])
+        biases = [m.generate.bias for m in (self.candidate, self.gate)]
+        bias = None
+        if any(b is not None for b in biases):
+            bias = torch.cat([b if b is not None else weight.new_zeros(weight.shape[0] // 2) for b in biases])
+        return weight[:, : self.input_size], weight[:, self.input_size :], bias
+
+    def step(self, pre: Tensor, h: Tensor, track_disagreement: bool) -> tuple[Tensor, Tensor | None]:
+        """New state from ``pre = [zones of M_h | zones of M_g]`` (B, 2H) and ``h`` (B, H).
+
+        Returns ``h_t`` (B, H) and D_zone summed over this cell's M-functions (B,) when tracked.
+        """
+        zones_h, zones_g = pre.chunk(2, dim=-1)
+        candidate = self.dropout(torch.tanh(self.candidate.head(zones_h)))  # eq. 2 / 16
+        gate = torch.sigmoid(self.gate.head(zones_g))  # eq. 3 / 17
+        h_new = torch.lerp(h, candidate, gate)  # (1 - g) ⊙ h + g ⊙ h̃, eq. 1 / 15
+        if not track_disagreement:
+            return h_new, None
+        terms = [
+            zone_disagreement(zones.unflatten(-1, (m.num_zones, m.zone_size)))
+            for zones, m in ((zones_h, self.candidate), (zones_g, self.gate))
+            if isinstance(m, MFunction)
+        ]
+        return h_new, (sum(terms[1:], terms[0]) if terms else None)
+
+    def reference(self, u: Tensor, h: Tensor, track_disagreement: bool = True) -> tuple[Tensor, Tensor | None]:
+        """Unfused transcription: M_h and M_g each generate their zones from ``u = [x; h]``."""
+        pre = torch.cat([self.candidate.generate(u), self.gate.generate(u)], dim=-1)
+        return self.step(pre, h, track_disagreement)
+
+
+class MZUCell(nn.Module):
+    """One time step of MZU (+DT): an MZU cell then ``transition_depth`` t-MZU cells.
+
+    ``x`` (B, d_x), ``h`` (B, H) -> ``h_t`` (B, H); the last t-MZU's output is the carried state.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        transition_depth: int = 0,
+        share_transition: bool = False,
+        **transition_kwargs: object,
+    ) -> None:
+        super().__init__()
+        if transition_depth < 0:
+            raise ValueError(f"transition_depth must be >= 0, got {transition_depth}")
+        self.hidden_size = hidden_size
+        self.transition_depth = transition_depth
+        self.share_transition = share_transition
+        self.track_disagreement = False
+        own_depths = 0 if share_transition else transition_depth
+        self.transitions = nn.ModuleList(
+            [MZUTransition(input_size, hidden_size, **transition_kwargs)]
+            + [MZUTransition(0, hidden_size, **transition_kwargs) for _ in range(own_depths)]
+        )
+
+    def _index(self, depth: int) -> int:
+        return 0 if self.share_transition else depth
+
+    def reference(self, x: Tensor, h: Tensor) -> tuple[Tensor, Tensor | None]:
+        """One step exactly as eqs. 1–3 and 15–17 read (t-MZUs get a zero input); D_zone (B,) or None."""
+        total = None
+        for depth in range(self.transition_depth + 1):
+            cell = self.transitions[self._index(depth)]
+            inp = x if depth == 0 else x.new_zeros(x.shape[0], cell.input_size)
+            h, aux = cell.reference(torch.cat([inp, h], dim=-1), h, self.track_disagreement)
+            total = aux if total is None else total + aux
+        return h, total
+
+    def prepare(self, x: Tensor) -> StepFn:
+        """Hoist the input half of depth 0's zone generation for all steps: x (T, B, d_x)."""
+        weights = [cell.fused_weights() for cell in self.transitions]
+        w_x, _, bias = weights[0]
+        x_part = F.linear(x, w_x, bias)  # (T, B, 2H)
+        h_parts = [w_h.t() for _, w_h, _ in weights]
+
+        def step(t: int, h: Tensor) -> tuple[Tensor, Tensor | None]:
+            total = None
+            for depth in range(self.transition_depth + 1):
+                k = self._index(depth)
+                pre_bias = x_part[t] if depth == 0 else weights[k][2]
+                pre = h @ h_parts[k] if pre_bias is None else torch.addmm(pre_bias, h, h_parts[k])
+                h, aux = self.transitions[k].step(pre, h, self.track_disagreement)
+                total = aux if total is None else total + aux
+            return h, total
+
+        return step
+
+
+@register_encoder("mzu")
+class MZU(RecurrentCellEncoder):
+    """Multi-Zone Unit encoder (optionally deep-transition, stacked, bidirectional).
+
+    Args follow ``torch.nn.GRU`` where they overlap; ``dropout`` is the candidate dropout.
+    ``composition`` sat / gcn / cap, ``num_zones`` N, ``filter_size`` d_f (default H),
+    ``capsules`` J and ``routing_iters`` T (cap only), ``transition_depth`` L (0 = plain MZU,
+    L >= 1 = MZU+DT), ``share_transition`` (one M_h / M_g for all depths), ``layer_norm``,
+    ``disagreement`` λ of eq. 19 (0 = off; negative allowed), ``regular_gate`` /
+    ``regular_trans`` (ablations), ``gcn_activation`` (σ of eq. 9).
+
+    State: ``h`` (num_layers * directions, B, H). :meth:`auxiliary_loss` returns ``−λ·D``
+    (module docstring) from the last forward pass, None when λ = 0 or every M is ablated.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        dropout: float = 0.0,
+        bidirectional: bool = False,
+        composition: str = "sat",
+        num_zones: int = 4,
+        filter_size: int | None = None,
+        capsules: int = 2,
+        routing_iters: int = 3,
+        transition_depth: int = 0,
+        share_transition: bool = False,
+        layer_norm: bool = True,
+        disagreement: float = 0.0,
+        regular_gate: bool = False,
+        regular_trans: bool = False,
+        gcn_activation: str = "relu",
+    ) -> None:
+        def make_cell(size: int) -> MZUCell:
+            return MZUCell(
+                size,
+                hidden_size,
+                transition_depth=transition_depth,
+                share_transition=share_transition,
+                dropout=dropout,
+                regular_gate=regular_gate,
+                regular_trans=regular_trans,
+                layer_norm=layer_norm,
+                composition=composition,
+                num_zones=num_zones,
+                filter_size=filter_size,
+                capsules=capsules,
+                routing_iters=routing_iters,
+                gcn_activation=gcn_activation,
+            )
+
+        super().__init__(input_size, hidden_size, make_cell, num_layers, bidirectional)
+        self.disagreement = float(disagreement)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, state: State = None) -> tuple[Tensor, State]:
+        for cell in self.cells:
+            cell.track_disagreement = self.disagreement != 0
+        return super().forward(x, mask, state)
+
+    def auxiliary_loss(self) -> Tensor | None:
+        """``−λ·D`` with D the per-token average of D_zone summed over M-functions (eq. 19)."""
+        if self.aux_per_token is None:
+            return None
+        return -self.disagreement * self.aux_per_token

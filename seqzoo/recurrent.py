@@ -1,0 +1,136 @@
+"""Run any recurrent cell over time under the :mod:`seqzoo.base` contract.
+
+:class:`RecurrentCellEncoder` owns the machinery every hand-written recurrent encoder needs
+(the MZU, the layer-normalised GRU and the deep-transition GRU use it): the time loop,
+masks (pads neither update the state nor produce outputs), carried state, stacked layers
+and bidirectionality (the reverse direction starts at each row's last *real* token).
+
+A cell is an ``nn.Module`` with a ``hidden_size`` attribute and a ``prepare`` method::
+
+    step = cell.prepare(x)        # x (T, B, D) time-major; input-only work for all steps at once
+    h_t, aux_t = step(t, h_prev)  # h (B, H); aux_t (B,) per-row auxiliary term of step t, or None
+
+``prepare`` is where a cell hoists everything that does not depend on the state (e.g. the
+input half of its projections as one big matmul over all ``T`` steps), so the loop only does
+the state-dependent work. Cells that compute a regulariser (the MZU's zone disagreement)
+return it per row from ``step``; the encoder averages it over the real tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+
+from seqzoo.base import Encoder, State, check_mask, lengths_from_mask
+
+__all__ = ["RecurrentCell", "RecurrentCellEncoder", "StepFn", "reverse_padded"]
+
+StepFn = Callable[[int, Tensor], tuple[Tensor, Tensor | None]]
+
+
+class RecurrentCell(Protocol):
+    hidden_size: int
+
+    def prepare(self, x: Tensor) -> StepFn: ...
+
+
+def reverse_padded(x: Tensor, lengths: Tensor) -> Tensor:
+    """Reverse each column of time-major ``x`` (T, B, ...) within its length; pads stay in place.
+
+    The map is its own inverse, so it also brings reverse-direction outputs back in order.
+    """
+    time = x.shape[0]
+    t = torch.arange(time, device=x.device).unsqueeze(1)  # (T, 1)
+    index = torch.where(t < lengths.unsqueeze(0), lengths.unsqueeze(0) - 1 - t, t)  # (T, B)
+    index = index.view(*index.shape, *([1] * (x.dim() - 2))).expand_as(x)
+    return x.gather(0, index)
+
+
+class RecurrentCellEncoder(Encoder):
+    """Stacked (optionally bidirectional) recurrence of cells built by ``make_cell(input_size)``.
+
+    State: ``h`` of shape (num_layers * directions, B, hidden_size), ordered like ``nn.GRU``
+    (layer-major, forward direction first). Outputs (B, T, hidden_size * directions), zero at pads.
+    Layer ``l > 0`` consumes the concatenated directions of layer ``l - 1``.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        make_cell: Callable[[int], nn.Module],
+        num_layers: int = 1,
+        bidirectional: bool = False,
+    ) -> None:
+        super().__init__(input_size, hidden_size, bidirectional=bidirectional)
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        self.num_layers = int(num_layers)
+        self.num_directions = 2 if bidirectional else 1
+        self.cells = nn.ModuleList(
+            make_cell(input_size if layer == 0 else hidden_size * self.num_directions)
+            for layer in range(self.num_layers)
+            for _ in range(self.num_directions)
+        )
+        #: From the last forward: the cells' auxiliary terms summed over cells and real tokens,
+        #: divided by the number of real tokens (None when the cells return none).
+        self.aux_per_token: Tensor | None = None
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, state: State = None) -> tuple[Tensor, State]:
+        mask = check_mask(x, mask)
+        batch = x.shape[0]
+        shape = (self.num_layers * self.num_directions, batch, self.hidden_size)
+        if state is None:
+            state = x.new_zeros(shape)
+        elif tuple(state.shape) != shape:
+            raise ValueError(f"state must have shape {shape}, got {tuple(state.shape)}")
+        steps = mask.t()  # (T, B)
+        full = bool(mask.all())
+        lengths = lengths_from_mask(mask)
+        layer_input = x.transpose(0, 1)  # (T, B, D): every step's slice is contiguous after prepare
+        finals: list[Tensor] = []
+        aux_total: Tensor | None = None
+        for layer in range(self.num_layers):
+            outputs = []
+            for direction in range(self.num_directions):
+                k = layer * self.num_directions + direction
+                reverse = direction == 1
+                inputs = reverse_padded(layer_input, lengths) if reverse else layer_input
+                out, h, aux = _unroll(self.cells[k], inputs, steps, state[k], full)
+                outputs.append(reverse_padded(out, lengths) if reverse else out)
+                finals.append(h)
+                if aux is not None:
+                    aux_total = aux if aux_total is None else aux_total + aux
+            layer_input = torch.cat(outputs, dim=-1)
+        self.aux_per_token = None if aux_total is None else aux_total / lengths.sum().clamp(min=1)
+        return layer_input.transpose(0, 1), torch.stack(finals)
+
+
+def _unroll(cell: nn.Module, x: Tensor, steps: Tensor, h: Tensor, full: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Run ``cell`` over time-major ``x`` (T, B, D) from ``h`` (B, H); pads keep the state.
+
+    Returns outputs (T, B, H) zero at pads, the final state (B, H) and the sum of the per-row
+    auxiliary terms over real tokens (or None).
+    """
+    step = cell.prepare(x)
+    outputs = []
+    aux_sum: Tensor | None = None
+    for t in range(x.shape[0]):
+        h_new, aux = step(t, h)
+        if full:
+            h = h_new
+            outputs.append(h_new)
+        else:
+            real = steps[t]
+            h = torch.where(real.unsqueeze(1), h_new, h)
+            outputs.append(torch.where(real.unsqueeze(1), h_new, 0.0))
+            if aux is not None:
+                aux = torch.where(real, aux, 0.0)
+        if aux is not None:
+            aux_sum = aux.sum() if aux_sum is None else aux_sum + aux.sum()
+    if not outputs:
+        return x.new_zeros(0, *h.shape), h, None
+    return torch.stack(outputs), h, aux_sum

@@ -1,0 +1,241 @@
+import math
+
+import pytest
+import torch
+
+from seqzoo import build_encoder
+from seqzoo.mzu import (
+    MZU,
+    MFunction,
+    MZUCell,
+    RegularTransform,
+    capsule_routing,
+    graph_conv_zones,
+    self_attention_zones,
+    squash,
+    zone_disagreement,
+)
+from seqzoo.testing import assert_contract
+
+
+def _cos(a, b):
+    return (a @ b / (a.norm() * b.norm())).item()
+
+
+# --- direct, loop-by-loop transcriptions of the paper's equations -----------------------------
+
+
+def _sat_loops(z, qkv):
+    n, d = z.shape
+    q = [z[i] @ qkv[i, :, :d] for i in range(n)]
+    k = [z[i] @ qkv[i, :, d : 2 * d] for i in range(n)]
+    v = [z[i] @ qkv[i, :, 2 * d :] for i in range(n)]
+    out = []
+    for i in range(n):
+        scores = torch.tensor([(q[i] @ k[j]).item() / math.sqrt(d) for j in range(n)], dtype=z.dtype)
+        weights = torch.softmax(scores, 0)
+        out.append(sum(weights[j] * v[j] for j in range(n)))
+    return torch.stack(out)
+
+
+def _gcn_loops(z, w_g):
+    n = z.shape[0]
+    a = torch.tensor([[_cos(z[i], z[j]) + (i == j) for j in range(n)] for i in range(n)], dtype=z.dtype)
+    degree = [sum(abs(a[i, j]) for j in range(n)) for i in range(n)]
+    a_hat = torch.tensor([[a[i, j] / math.sqrt(degree[i] * degree[j]) for j in range(n)] for i in range(n)])
+    zw = z @ w_g.t()
+    return torch.relu(torch.stack([sum(a_hat[i, j] * zw[j] for j in range(n)) for i in range(n)]))
+
+
+def _cap_loops(z, w_c, capsules, iterations):
+    n = z.shape[0]
+    d_o = w_c.shape[0] // capsules
+    pred = [[z[i] @ w_c[j * d_o : (j + 1) * d_o].t() for j in range(capsules)] for i in range(n)]  # eq. 10
+    b = [[0.0] * capsules for _ in range(n)]
+    for _ in range(iterations):
+        c = [[math.exp(b[i][j]) / sum(math.exp(v) for v in b[i]) for j in range(capsules)] for i in range(n)]
+        s = [sum(c[i][j] * pred[i][j] for i in range(n)) for j in range(capsules)]
+        o = [(sj.norm() ** 2 / (1 + sj.norm() ** 2)) * sj / sj.norm() for sj in s]
+        b = [[b[i][j] + (pred[i][j] @ o[j]).item() for j in range(capsules)] for i in range(n)]
+    return torch.stack(o)
+
+
+def test_compositions_match_equations():
+    torch.manual_seed(0)
+    z = torch.randn(3, 4, 5, dtype=torch.float64)
+    z[1, 2] *= -1  # some negative cosines for the degree guard
+    qkv = torch.randn(4, 5, 15, dtype=torch.float64)
+    w_g = torch.randn(5, 5, dtype=torch.float64)
+    w_c = torch.randn(2 * 6, 5, dtype=torch.float64)
+    sat, gcn, cap = self_attention_zones(z, qkv), graph_conv_zones(z, w_g), capsule_routing(z, w_c, 2, 3)
+    for b in range(3):
+        torch.testing.assert_close(sat[b], _sat_loops(z[b], qkv))
+        torch.testing.assert_close(gcn[b], _gcn_loops(z[b], w_g))
+        torch.testing.assert_close(cap[b], _cap_loops(z[b], w_c, 2, 3))
+
+
+def test_gcn_degree_guard_with_negative_cosines():
+    z = torch.tensor([[[1.0, 0.0], [-1.0, 0.0], [-1.0, 0.1]]])  # row 0 cosines sum to < 0
+    out = graph_conv_zones(z, torch.eye(2))
+    assert torch.isfinite(out).all()
+
+
+def test_zone_disagreement_equals_formula():
+    torch.manual_seed(0)
+    z = torch.randn(2, 4, 3, dtype=torch.float64)
+    expected = [-sum(_cos(z[b, i], z[b, j]) for i in range(4) for j in range(4)) / 16 for b in range(2)]
+    torch.testing.assert_close(zone_disagreement(z), torch.tensor(expected, dtype=torch.float64))
+
+
+# --- shapes, structure -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("composition", ["sat", "gcn", "cap"])
+@pytest.mark.parametrize("zones", [2, 4, 8, 16])
+def test_shapes(composition, zones):
+    m = MFunction(3, 16, composition, num_zones=zones, filter_size=7, capsules=2)
+    z = torch.randn(5, zones, 16 // zones)
+    out_zones, out_size = (2, 8) if composition == "cap" else (zones, 16 // zones)
+    assert m.compose(z).shape == (5, out_zones, out_size)
+    assert m(torch.randn(5, 19)).shape == (5, 16)
+    enc = MZU(3, 16, composition=composition, num_zones=zones, transition_depth=1, disagreement=1.0)
+    out, state = enc(torch.randn(2, 4, 3))
+    assert out.shape == (2, 4, 16) and state.shape == (1, 2, 16)
+    assert enc.auxiliary_loss().shape == ()
+
+
+def test_invalid_configurations():
+    with pytest.raises(ValueError, match="divisible"):
+        MZU(3, 10, num_zones=4)
+    with pytest.raises(ValueError, match="composition"):
+        MZU(3, 8, composition="rnn")
+    with pytest.raises(ValueError, match="capsules"):
+        MZU(3, 8, composition="cap", capsules=3)
+
+
+def test_ablations_replace_the_m_functions():
+    gate = MZU(3, 8, regular_gate=True).cells[0].transitions[0]
+    assert isinstance(gate.gate, RegularTransform) and isinstance(gate.candidate, MFunction)
+    assert gate.gate.generate.in_features == 3 + 8 and gate.gate.generate.out_features == 8
+    trans = MZU(3, 8, regular_trans=True).cells[0].transitions[0]
+    assert isinstance(trans.candidate, RegularTransform) and isinstance(trans.gate, MFunction)
+    both = MZU(3, 8, regular_gate=True, regular_trans=True, disagreement=1.0)
+    both(torch.randn(1, 2, 3))
+    assert both.auxiliary_loss() is None  # no zones, nothing to disagree
+    smaller = sum(p.numel() for p in MZU(3, 8, regular_gate=True).parameters())
+    assert smaller < sum(p.numel() for p in MZU(3, 8).parameters())
+
+
+def test_transition_sharing():
+    shared = MZU(3, 8, transition_depth=2, share_transition=True).cells[0]
+    own = MZU(3, 8, transition_depth=2).cells[0]
+    assert len(shared.transitions) == 1 and len(own.transitions) == 3
+    assert own.transitions[1].candidate.generate.in_features == 8  # t-MZU: state only
+
+
+# --- contract, fast path vs reference, gradients ------------------------------------------------
+
+
+@pytest.mark.parametrize("composition", ["sat", "gcn", "cap"])
+@pytest.mark.parametrize(("depth", "share", "bidirectional"), [(0, False, False), (2, False, True), (1, True, False)])
+def test_contract(composition, depth, share, bidirectional):
+    torch.manual_seed(0)
+    enc = build_encoder(
+        "mzu",
+        5,
+        hidden_size=8,
+        composition=composition,
+        num_zones=2,
+        filter_size=6,
+        transition_depth=depth,
+        share_transition=share,
+        bidirectional=bidirectional,
+        dropout=0.2,
+    )
+    assert_contract(enc)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"composition": "cap", "transition_depth": 1, "share_transition": True},
+        {"composition": "gcn", "transition_depth": 2, "regular_gate": True},
+        {"composition": "sat", "transition_depth": 1, "regular_trans": True, "layer_norm": False},
+    ],
+)
+def test_fast_path_equals_reference_and_disagreement(kwargs):
+    torch.manual_seed(0)
+    enc = MZU(4, 8, num_zones=4, disagreement=-0.5, **kwargs).double()
+    x = torch.randn(3, 5, 4, dtype=torch.float64)
+    mask = torch.arange(5) < torch.tensor([5, 2, 4]).unsqueeze(1)
+    out, state = enc(x, mask)
+    cell = enc.cells[0]
+    h = torch.zeros(3, 8, dtype=torch.float64)
+    expected, total = [], 0.0
+    for t in range(5):
+        h_new, d_zone = cell.reference(x[:, t], h)
+        h = torch.where(mask[:, t : t + 1], h_new, h)
+        expected.append(h_new * mask[:, t : t + 1])
+        total = total + (d_zone * mask[:, t]).sum()
+    torch.testing.assert_close(out, torch.stack(expected, 1))
+    torch.testing.assert_close(state[0], h)
+    torch.testing.assert_close(enc.auxiliary_loss(), 0.5 * total / 11)  # −λ · D, D averaged over 11 tokens
+
+
+def test_disagreement_sums_over_m_functions():
+    torch.manual_seed(0)
+    cell = MZUCell(3, 8, transition_depth=1, composition="sat", num_zones=4)
+    cell.track_disagreement = True
+    x, h = torch.randn(2, 3), torch.randn(2, 8)
+    _, d_zone = cell.reference(x, h)
+    t0, t1 = cell.transitions
+    terms = [zone_disagreement(m.generate(torch.cat([x, h], -1)).view(2, 4, 2)) for m in (t0.candidate, t0.gate)]
+    h1 = cell.transitions[0].reference(torch.cat([x, h], -1), h)[0]
+    terms += [zone_disagreement(m.generate(h1).view(2, 4, 2)) for m in (t1.candidate, t1.gate)]
+    torch.testing.assert_close(d_zone, sum(terms))
+
+
+def test_disagreement_off_by_default_and_gradient_sign():
+    torch.manual_seed(0)
+    enc = MZU(3, 8)
+    enc(torch.randn(2, 3, 3))
+    assert enc.auxiliary_loss() is None
+    enc.disagreement = 1.0
+    enc(torch.randn(2, 3, 3))
+    loss = enc.auxiliary_loss()
+    assert loss.item() == pytest.approx(-enc.aux_per_token.item())  # = λ · mean cosine ≥ 0 shrinks cosines
+    loss.backward()
+    assert enc.cells[0].transitions[0].candidate.generate.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("composition", ["sat", "gcn", "cap"])
+def test_gradcheck_cell(composition):
+    torch.manual_seed(0)
+    cell = MZUCell(2, 4, transition_depth=1, composition=composition, num_zones=2, filter_size=3).double()
+    cell.track_disagreement = True
+    x = torch.randn(2, 2, dtype=torch.float64, requires_grad=True)
+    h = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
+
+    def fast(x, h):
+        h_new, d_zone = cell.prepare(x.unsqueeze(0))(0, h)
+        return h_new, d_zone
+
+    assert torch.autograd.gradcheck(fast, (x, h))
+    assert torch.autograd.gradcheck(lambda x, h: cell.reference(x, h), (x, h))
+
+
+def test_backward_direction_ignores_padding():
+    torch.manual_seed(0)
+    enc = MZU(4, 8, composition="cap", bidirectional=True).eval()
+    x = torch.randn(1, 6, 4)
+    garbage = x.clone()
+    garbage[:, 4:] = 100.0
+    mask = torch.tensor([[True] * 4 + [False] * 2])
+    torch.testing.assert_close(enc(x, mask)[0], enc(garbage, mask)[0], rtol=0, atol=0)
+
+
+def test_squash_is_finite_at_zero():
+    s = torch.zeros(2, 3, requires_grad=True)
+    squash(s).sum().backward()
+    assert torch.isfinite(s.grad).all()
+    assert torch.isfinite(capsule_routing(torch.zeros(1, 2, 3), torch.zeros(4, 3), 2, 3)).all()
