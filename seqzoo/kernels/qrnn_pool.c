@@ -1,0 +1,130 @@
+/* Fused QRNN pooling for CPU: activations, zoneout and f/fo/ifo-pooling in one pass over the
+ * gates, forward and backward (Bradbury et al., "Quasi-Recurrent Neural Networks", ICLR 2017,
+ * eqs. 1 and 3-6; paper convention: f multiplies the OLD state).
+ *
+ * Plain C99 with pthreads, no Python or torch headers: setuptools compiles it at install time and
+ * seqzoo/kernels/qrnn_pool.py loads it with ctypes. float32 is the fast path (vectorisable exp,
+ * AVX-512 / AVX2 clones picked at load time); float64 uses libm and exists for gradcheck.
+ *
+ * Layouts (row-major, contiguous):
+ *   gates   (B, T, G, H) pre-activations, G = 2 (z, f), 3 (z, f, o) or 4 (z, f, o, i)
+ *   lengths (B,) int64, real tokens per row (right-padded); pads leave the state unchanged
+ *   keep    (B, T, H) uint8 zoneout keep mask or NULL; keep_prob scales 1 - f (eval expectation)
+ *   h, c_all (B, T, H); c0, c_last, dc_last, dc0 (B, H); c0 / dc_last may be NULL (zeros)
+ *   reverse != 0 runs each row from its last real token back to its first.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { POOL_F = 0, POOL_FO = 1, POOL_IFO = 2 };
+#define BLOCK 64 /* channels per work item; the running state stays in registers / L1 */
+
+typedef struct {
+    const void *gates, *c0, *c_all, *dh, *dc_last;
+    const int64_t *lengths;
+    const uint8_t *keep;
+    double keep_prob;
+    void *h, *c_last, *dgates, *dc0, *c_all_out;
+    int64_t batch, time, hidden;
+    int pooling, reverse;
+} Args;
+
+/* exp for float32 that the compiler vectorises: 2^n * p(r), relative error ~2e-7. */
+static inline float exp_f32(float x) {
+    x = x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;
+    const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f; /* round(x / ln 2) */
+    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f; /* Cephes expf */
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CLONES
+#endif
+#if defined(__GNUC__)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE inline
+#endif
+
+#define SCALAR float
+#define SFX f32
+#define EXP exp_f32
+#include "qrnn_pool_body.h"
+#undef SCALAR
+#undef SFX
+#undef EXP
+
+#define SCALAR double
+#define SFX f64
+#define EXP exp
+#include "qrnn_pool_body.h"
+
+typedef void (*item_fn)(const Args *, int64_t);
+
+typedef struct {
+    item_fn fn;
+    const Args *args;
+    int64_t begin, end;
+} Range;
+
+static void *run_range(void *p) {
+    const Range *r = (const Range *)p;
+    for (int64_t item = r->begin; item < r->end; item++) r->fn(r->args, item);
+    return NULL;
+}
+
+/* Split items (batch row x channel block) into nthreads contiguous ranges; the caller runs one. */
+static int run_parallel(item_fn fn, const Args *args, int nthreads) {
+    enum { MAX_THREADS = 256 };
+    const int64_t items = args->batch * ((args->hidden + BLOCK - 1) / BLOCK);
+    if (nthreads > items) nthreads = (int)items;
+    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
+    if (nthreads < 1) nthreads = 1;
+    pthread_t threads[MAX_THREADS];
+    Range ranges[MAX_THREADS];
+    int started = 0, status = 0;
+    for (int i = 0; i < nthreads; i++) {
+        ranges[i] = (Range){fn, args, items * i / nthreads, items * (i + 1) / nthreads};
+    }
+    for (int i = 1; i < nthreads; i++, started++) {
+        if (pthread_create(&threads[i], NULL, run_range, &ranges[i]) != 0) break;
+    }
+    run_range(&ranges[0]);
+    for (int i = started + 1; i < nthreads; i++) run_range(&ranges[i]); /* threads that failed to start */
+    for (int i = 1; i <= started; i++) status |= pthread_join(threads[i], NULL);
+    return status;
+}
+
+/* dtype: 0 = float32, 1 = float64. Returns 0 on success. */
+int qrnn_pool_forward(int dtype, const void *gates, const int64_t *lengths, const void *c0, const uint8_t *keep,
+                      double keep_prob, int64_t batch, int64_t time, int64_t hidden, int pooling, int reverse,
+                      void *h, void *c_all, void *c_last, int nthreads) {
+    const Args args = {.gates = gates, .c0 = c0, .lengths = lengths, .keep = keep, .keep_prob = keep_prob,
+                       .h = h, .c_all_out = c_all, .c_last = c_last, .batch = batch, .time = time,
+                       .hidden = hidden, .pooling = pooling, .reverse = reverse};
+    return run_parallel(dtype == 0 ? forward_f32 : forward_f64, &args, nthreads);
+}
+
+int qrnn_pool_backward(int dtype, const void *gates, const int64_t *lengths, const void *c0, const uint8_t *keep,
+                       double keep_prob, int64_t batch, int64_t time, int64_t hidden, int pooling, int reverse,
+                       const void *c_all, const void *dh, const void *dc_last, void *dgates, void *dc0,
+                       int nthreads) {
+    const Args args = {.gates = gates, .c0 = c0, .lengths = lengths, .keep = keep, .keep_prob = keep_prob,
+                       .c_all = c_all, .dh = dh, .dc_last = dc_last, .dgates = dgates, .dc0 = dc0,
+                       .batch = batch, .time = time, .hidden = hidden, .pooling = pooling, .reverse = reverse};
+    return run_parallel(dtype == 0 ? backward_f32 : backward_f64, &args, nthreads);
+}
