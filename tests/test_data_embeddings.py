@@ -60,6 +60,14 @@ def test_malformed_vectors(name, dim, line, message):
     assert str(info.value).startswith(f"{path}:{line}: {message}")
 
 
+def test_blank_line_in_vectors(tmp_path):
+    path = tmp_path / "v.txt"
+    path.write_text("the 1 2\n\nfilm 3 4\n")
+    with pytest.raises(DataError) as info:
+        load_vectors(path, VOCAB)
+    assert str(info.value) == f"{path}:2: expected a word followed by its vector values"
+
+
 def test_header_count_mismatch_and_empty_file(tmp_path):
     path = tmp_path / "w2v.txt"
     path.write_text("3 2\na 1 2\n")

@@ -41,6 +41,11 @@ def test_corrupt_gzip_is_a_data_error(tmp_path):
     path.write_bytes(gzip.compress(b"line\n" * 1000)[:-20])
     with pytest.raises(DataError, match="corrupt gzip"):
         read_text(path)
+    not_gzip = tmp_path / "plain.txt.gz"
+    not_gzip.write_text("plain text\n")
+    with pytest.raises(DataError) as info:
+        read_text(not_gzip)
+    assert str(info.value).startswith(f"{not_gzip}:1: corrupt gzip data")
 
 
 def test_error_before_first_line_has_no_line_number(tmp_path):

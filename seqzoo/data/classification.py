@@ -239,7 +239,7 @@ class ClassificationData:
         it raises :class:`DataError` at its file and line.
         """
         train_examples = read_labeled(train)
-        labels = labels or LabelSet(ex.label for ex in train_examples)
+        labels = labels if labels is not None else LabelSet(ex.label for ex in train_examples)
         splits: dict[str, list[LabeledText] | None] = {"train": train_examples, "dev": None, "test": None}
         sources = {"train": str(train)}
         for split, path in (("dev", dev), ("test", test)):

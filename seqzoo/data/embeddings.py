@@ -75,9 +75,11 @@ def load_vectors(
                     raise lines.error(f"header declares dimension {header[1]}, expected {dim}")
                 dim = header[1]
                 continue
+            if not word or not values:
+                raise lines.error("expected a word followed by its vector values")
             if dim is None:
                 dim = n_values
-            if n_values != dim or not word:
+            if n_values != dim:
                 raise lines.error(f"expected a word and {dim} values, found {n_values} values")
             if word in wanted and word not in vectors:
                 try:
@@ -85,7 +87,7 @@ def load_vectors(
                 except ValueError as err:
                     raise lines.error(f"non-numeric vector value ({err})") from None
         file_words = lines.line - (header is not None)
-    if dim is None or dim == 0:
+    if dim is None:
         raise DataError("empty file: no vectors", path)
     if header is not None and header[0] != file_words:
         raise DataError(f"header declares {header[0]} vectors, the file has {file_words}", path, 1)

@@ -60,7 +60,7 @@ class LineReader:
         try:
             raw = self._raw.readline()
         except _GZIP_ERRORS as err:
-            raise DataError(f"corrupt gzip data after this line ({err})", self.path, self.line) from None
+            raise DataError(f"corrupt gzip data ({err})", self.path, self.line + 1) from None
         if not raw:
             raise StopIteration
         self.line += 1

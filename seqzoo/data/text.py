@@ -79,7 +79,9 @@ class Vocab:
     pad_id: ClassVar[int] = 0
     unk_id: ClassVar[int] = 1
 
-    def __init__(self, tokens: Sequence[str], counts: Mapping[str, int] | None = None, specials: Sequence[str] = ()):
+    def __init__(
+        self, tokens: Sequence[str], counts: Mapping[str, int] | None = None, specials: Sequence[str] = ()
+    ) -> None:
         """Build from tokens in id order; ``tokens`` must start with PAD, UNK, then ``specials``."""
         tokens = list(tokens)
         specials = (self.PAD, self.UNK, *specials)
@@ -90,7 +92,7 @@ class Vocab:
         if len(self._stoi) != len(tokens):
             dupes = sorted(t for t, c in Counter(tokens).items() if c > 1)
             raise ValueError(f"duplicate vocabulary entries: {dupes[:10]}")
-        self.specials = specials
+        self.specials: tuple[str, ...] = specials
         self.counts: dict[str, int] = {t: int((counts or {}).get(t, 0)) for t in tokens}
 
     @classmethod
