@@ -18,6 +18,15 @@ from seqzoo.mzu import (
 from seqzoo.testing import assert_contract
 
 
+@pytest.fixture(autouse=True)
+def _single_thread():
+    """Tiny tensors: OpenMP threads only add synchronisation cost (severe on a shared machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _cos(a, b):
     return (a @ b / (a.norm() * b.norm())).item()
 

@@ -1,0 +1,98 @@
+"""SemEval-2014 Task 4 aspect-term sentiment data (Pontiki et al. 2014), as the MZU paper uses it.
+
+The official XML (plain or ``.gz``)::
+
+    <sentences>
+      <sentence id="813">
+        <text>All the appetizers and salads were fabulous, the steak was mouth watering.</text>
+        <aspectTerms>
+          <aspectTerm term="appetizers" polarity="positive" from="8" to="18"/>
+          ...
+        </aspectTerms>
+      </sentence>
+    </sentences>
+
+gives one :class:`AspectExample` per (sentence, aspect term); sentences without aspect terms
+give none, other elements (``aspectCategories``) are ignored. Every ``text[from:to]`` must
+equal ``term``. **DS** is every example; **HDS** (:func:`hard_subset`, after Xue & Li 2018 as
+the MZU paper describes) keeps the sentences whose aspects carry at least two different
+polarities, one copy of the sentence per aspect.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import groupby
+from pathlib import Path
+
+from seqzoo.data.errors import DataError
+from seqzoo.data.io import PathLike, read_text
+
+__all__ = ["POLARITIES", "AspectExample", "hard_subset", "read_semeval2014"]
+
+POLARITIES = ("positive", "negative", "neutral", "conflict")
+
+
+@dataclass(frozen=True)
+class AspectExample:
+    """One aspect term of one sentence; ``text[start:end] == aspect``; ``index`` numbers the sentence in its file."""
+
+    sentence_id: str
+    index: int
+    text: str
+    aspect: str
+    start: int
+    end: int
+    polarity: str
+
+
+def read_semeval2014(path: PathLike) -> list[AspectExample]:
+    """All (sentence, aspect term) examples of a SemEval-2014 Task 4 file, in file order (DS)."""
+    path = Path(path)
+    content = read_text(path)
+    try:
+        root = ET.fromstring(content)
+    except ET.ParseError as err:
+        raise DataError(f"malformed XML: {err}", path, err.position[0]) from None
+    if root.tag != "sentences":
+        raise DataError(f"root element must be <sentences>, got <{root.tag}>", path, 1)
+    examples = []
+    for index, sentence in enumerate(root.iter("sentence")):
+        sid = sentence.get("id", f"#{index + 1}")
+
+        def error(message: str, sid: str = sid) -> DataError:
+            return DataError(f"sentence id={sid}: {message}", path, _line_of(content, sid))
+
+        text = sentence.findtext("text")
+        if text is None:
+            raise error("missing <text>")
+        for term in sentence.iterfind("aspectTerms/aspectTerm"):
+            aspect, polarity = term.get("term"), term.get("polarity")
+            try:
+                start, end = int(term.get("from", "")), int(term.get("to", ""))
+            except ValueError:
+                raise error(f"aspect term {aspect!r}: 'from' and 'to' must be integers") from None
+            if aspect is None or polarity not in POLARITIES:
+                raise error(f"aspect term {aspect!r}: needs 'term' and a polarity in {POLARITIES}, got {polarity!r}")
+            if text[start:end] != aspect:
+                raise error(f"aspect term {aspect!r} does not match text[{start}:{end}] = {text[start:end]!r}")
+            examples.append(AspectExample(sid, index, text, aspect, start, end, polarity))
+    return examples
+
+
+def hard_subset(examples: Sequence[AspectExample]) -> list[AspectExample]:
+    """HDS: the examples of sentences whose aspects have at least two different polarities."""
+    hard = []
+    for _, group in groupby(examples, key=lambda e: e.index):
+        aspects = list(group)
+        if len({e.polarity for e in aspects}) > 1:
+            hard.extend(aspects)
+    return hard
+
+
+def _line_of(content: str, sentence_id: str) -> int | None:
+    """1-based line of ``<sentence id="...">`` in the raw file, if it can be found."""
+    pos = content.find(f'id="{sentence_id}"')
+    return None if pos < 0 else content.count("\n", 0, pos) + 1

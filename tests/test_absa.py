@@ -1,0 +1,116 @@
+import gzip
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import seqzoo.dtgru  # registers "dtgru"
+import seqzoo.mzu  # noqa: F401  (registers mzu)
+from seqzoo.data.absa import POLARITIES, hard_subset, read_semeval2014
+from seqzoo.data.errors import DataError
+from seqzoo.data.text import Tokenizer, Vocab
+from seqzoo.tasks.absa import AspectSentimentClassifier, make_batch
+
+FIXTURES = Path(__file__).parent / "fixtures" / "absa"
+RESTAURANTS = FIXTURES / "Restaurants_Train.xml"
+LAPTOPS = FIXTURES / "Laptop_Train.xml"
+
+
+@pytest.fixture(autouse=True)
+def _single_thread():
+    """Tiny tensors: OpenMP threads only add synchronisation cost (severe on a shared machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_reader_examples_and_offsets():
+    ds = read_semeval2014(RESTAURANTS)
+    assert len(ds) == 23 and {e.polarity for e in ds} == set(POLARITIES)
+    assert all(e.text[e.start : e.end] == e.aspect for e in ds)
+    first = ds[0]
+    assert (first.sentence_id, first.aspect, first.start, first.end, first.polarity) == (
+        "3121",
+        "staff",
+        8,
+        13,
+        "negative",
+    )
+    chef = next(e for e in ds if e.aspect == '"chef"')  # XML entities decoded in text and term
+    assert "sushi & friendly" in chef.text
+    assert "2534" not in {e.sentence_id for e in ds}  # a sentence without aspect terms gives nothing
+    assert len(read_semeval2014(LAPTOPS)) == 18
+
+
+def test_hard_subset_copies_mixed_sentences_once_per_aspect():
+    ds = read_semeval2014(RESTAURANTS)
+    hds = hard_subset(ds)
+    by_sentence: dict[str, list[str]] = {}
+    for e in hds:
+        by_sentence.setdefault(e.sentence_id, []).append(e.polarity)
+    assert sorted(by_sentence) == ["1", "1057", "1634", "402", "77", "951"]
+    assert all(len(set(p)) > 1 for p in by_sentence.values())
+    assert len(by_sentence["1634"]) == 3  # one copy per aspect
+    assert "813" not in by_sentence  # several aspects, all positive: not hard
+    assert "3121" not in by_sentence  # a single aspect
+
+
+def test_gzip_input(tmp_path):
+    path = tmp_path / "laptop.xml.gz"
+    path.write_bytes(gzip.compress(LAPTOPS.read_bytes()))
+    assert read_semeval2014(path) == read_semeval2014(LAPTOPS)
+
+
+def test_offset_mismatch_names_file_and_sentence(tmp_path):
+    path = tmp_path / "bad.xml"
+    path.write_text(RESTAURANTS.read_text().replace('from="8" to="13"', 'from="9" to="13"'))
+    with pytest.raises(DataError, match=r"bad\.xml:3: sentence id=3121: aspect term 'staff' does not match") as err:
+        read_semeval2014(path)
+    assert err.value.line == 3
+
+
+def test_malformed_xml_names_file_and_line(tmp_path):
+    path = tmp_path / "broken.xml"
+    path.write_text(RESTAURANTS.read_text().replace("</text>", "", 2))
+    with pytest.raises(DataError, match=r"broken\.xml:\d+: malformed XML") as err:
+        read_semeval2014(path)
+    assert err.value.line is not None
+
+
+def test_bad_polarity(tmp_path):
+    path = tmp_path / "polarity.xml"
+    path.write_text(RESTAURANTS.read_text().replace('polarity="negative" from="8"', 'polarity="bad" from="8"'))
+    with pytest.raises(DataError, match="polarity"):
+        read_semeval2014(path)
+
+
+@pytest.mark.parametrize(
+    ("encoder", "args"),
+    [
+        ("mzu", {"composition": "cap", "transition_depth": 1, "num_zones": 4, "disagreement": 1.0}),
+        ("dtgru", {"transition_depth": 1}),
+    ],
+)
+def test_pipeline_forward_backward(encoder, args):
+    torch.manual_seed(0)
+    tokenizer = Tokenizer(lowercase=True)
+    train = read_semeval2014(RESTAURANTS)
+    vocab = Vocab.build(tokenizer(e.text) for e in train)
+    model = AspectSentimentClassifier(
+        len(vocab), 8, encoder, {"hidden_size": 8, "bidirectional": True, **args}, dropout=0.1
+    )
+    for examples in (train, hard_subset(train), read_semeval2014(LAPTOPS)):  # laptop words are mostly <unk>
+        batch = make_batch(examples, vocab, tokenizer)
+        logits = model(batch.ids, batch.mask, batch.aspect_ids, batch.aspect_mask)
+        assert logits.shape == (len(examples), len(POLARITIES))
+        loss = F.cross_entropy(logits, batch.labels)
+        aux = model.auxiliary_loss()
+        if aux is not None:
+            loss = loss + aux
+        model.zero_grad()
+        loss.backward()
+        assert torch.isfinite(loss)
+        assert model.embedding.weight.grad.abs().sum() > 0
+        assert all(p.grad is not None for p in model.encoder.parameters())
