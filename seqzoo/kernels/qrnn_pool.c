@@ -19,7 +19,7 @@
 #include <string.h>
 
 enum { POOL_F = 0, POOL_FO = 1, POOL_IFO = 2 };
-#define BLOCK 64 /* channels per work item; the running state stays in registers / L1 */
+#define BLOCK 256 /* channels per work item: long contiguous rows per step keep the prefetchers streaming */
 
 typedef struct {
     const void *gates, *c0, *c_all, *dh, *dc_last;

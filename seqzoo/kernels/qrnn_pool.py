@@ -108,7 +108,7 @@ class _CompiledPool(torch.autograd.Function):
     """Fused forward and backward through the C kernel."""
 
     @staticmethod
-    def forward(ctx, gates, lengths, c0, keep, keep_prob, pooling, reverse):  # noqa: ANN001, ANN205
+    def forward(ctx, gates, lengths, c0, keep, keep_prob, pooling, reverse):
         lib = _compiled_library()
         batch, time, _, hidden = gates.shape
         h = gates.new_empty(batch, time, hidden)
@@ -123,14 +123,14 @@ class _CompiledPool(torch.autograd.Function):
         return h, c_last
 
     @staticmethod
-    def backward(ctx, dh, dc_last):  # noqa: ANN001, ANN205
+    def backward(ctx, dh, dc_last):
         gates, lengths, c0, keep, c_all = ctx.saved_tensors
         dh, dc_last = dh.contiguous(), dc_last.contiguous()
         dgates = torch.empty_like(gates)
         dc0 = torch.empty_like(dc_last)
-        status = _compiled_library().qrnn_pool_backward(
-            *_kernel_args(gates, lengths, c0, keep, *ctx.config), _ptr(c_all), _ptr(dh), _ptr(dc_last), _ptr(dgates), _ptr(dc0), torch.get_num_threads()
-        )
+        args = _kernel_args(gates, lengths, c0, keep, *ctx.config)
+        outs = (_ptr(c_all), _ptr(dh), _ptr(dc_last), _ptr(dgates), _ptr(dc0))
+        status = _compiled_library().qrnn_pool_backward(*args, *outs, torch.get_num_threads())
         if status != 0:
             raise RuntimeError("qrnn_pool_backward: could not start worker threads")
         return dgates, None, dc0 if ctx.needs_input_grad[2] else None, None, None, None, None
@@ -151,7 +151,7 @@ def qrnn_pool_compiled(
     if isinstance(lib, str):
         raise RuntimeError(lib)
     if gates.is_cuda or gates.dtype not in _DTYPE_CODE:
-        raise RuntimeError(f"the compiled QRNN pooling runs float32/float64 on CPU, got {gates.dtype} on {gates.device}")
+        raise RuntimeError(f"the compiled pooling runs float32/float64 on CPU, got {gates.dtype} on {gates.device}")
     gates = gates.contiguous()
     lengths = lengths.to(torch.int64).contiguous()
     c0 = None if c0 is None else c0.to(gates.dtype).contiguous()

@@ -49,9 +49,9 @@ if triton is not None:
         if HAS_C0:
             c = tl.load(c0 + b * H + cols, mask=valid, other=0.0).to(tl.float32)
         else:
-            c = tl.zeros([BLOCK], dtype=tl.float32)
+            c = tl.full([BLOCK], 0.0, tl.float32)
         for t in range(length, T):  # pads: zero outputs
-            tl.store(h + (b * T + t) * H + cols, tl.zeros([BLOCK], dtype=tl.float32), mask=valid)
+            tl.store(h + (b * T + t) * H + cols, tl.full([BLOCK], 0.0, tl.float32), mask=valid)
         for s in range(0, length):
             row = b * T + (length - 1 - s if REVERSE else s)
             g = gates + row * G * H + cols
@@ -82,7 +82,7 @@ if triton is not None:
         dc = tl.load(dc_last + b * H + cols, mask=valid, other=0.0).to(tl.float32)
         for t in range(length, T):  # pads: no gradient
             for g in range(0, G):
-                tl.store(dgates + ((b * T + t) * G + g) * H + cols, tl.zeros([BLOCK], dtype=tl.float32), mask=valid)
+                tl.store(dgates + ((b * T + t) * G + g) * H + cols, tl.full([BLOCK], 0.0, tl.float32), mask=valid)
         for k in range(0, length):
             s = length - 1 - k
             row = b * T + (length - 1 - s if REVERSE else s)
@@ -92,7 +92,7 @@ if triton is not None:
             elif HAS_C0:
                 cp = tl.load(c0 + b * H + cols, mask=valid, other=0.0).to(tl.float32)
             else:
-                cp = tl.zeros([BLOCK], dtype=tl.float32)
+                cp = tl.full([BLOCK], 0.0, tl.float32)
             g = gates + row * G * H + cols
             dg = dgates + row * G * H + cols
             z = _tanh(tl.load(g, mask=valid, other=0.0).to(tl.float32))
@@ -125,7 +125,7 @@ if triton is not None:
 
 class _TritonPool(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, gates, lengths, c0, keep, keep_prob, pooling, reverse):  # noqa: ANN001, ANN205
+    def forward(ctx, gates, lengths, c0, keep, keep_prob, pooling, reverse):
         batch, time, groups, hidden = gates.shape
         h = gates.new_empty(batch, time, hidden)
         c_last = gates.new_empty(batch, hidden)
@@ -141,7 +141,7 @@ class _TritonPool(torch.autograd.Function):
         return h, c_last
 
     @staticmethod
-    def backward(ctx, dh, dc_last):  # noqa: ANN001, ANN205
+    def backward(ctx, dh, dc_last):
         gates, lengths, c0, keep, c_all = ctx.saved_tensors
         keep_prob, pooling, reverse = ctx.config
         batch, time, groups, hidden = gates.shape

@@ -1,0 +1,211 @@
+"""Single-layer encoder throughput: ``seqzoo bench encoders`` (or ``python -m seqzoo.bench.encoders``).
+
+For each shape BxTxH (batch, sequence length, hidden = input size) every encoder runs forward
+(inference, no autograd) and forward+backward (gradients of the input and all parameters).
+Measurements are interleaved round-robin across encoders, so load from other processes hits
+all of them alike; each figure is the median over ``--repeats`` after warm-up.
+
+QRNN rows (fo-pooling, window ``--qrnn-window``) also report ``gemm_bound_fwd_bwd_tokens_per_s``,
+the same projection's forward and backward matmuls alone (Y = XW^T + b, dX = dY W, dW = dY^T X)
+timed in the same run, and ``pooling_share``, the fraction of the layer's fwd+bwd time spent in
+the fused activations, zoneout and pooling. ``sru`` (PyPI ``sru``) is measured when installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from seqzoo.base import build_encoder
+from seqzoo.kernels import pool_backend, qrnn_pool
+from seqzoo.qrnn import QRNN
+
+__all__ = ["main"]
+
+DEFAULT_SHAPES = "8x512x512,32x128x512,128x32x512"
+
+
+def _parse_shape(text: str) -> tuple[int, int, int]:
+    try:
+        batch, seq_len, hidden = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shape must be BxTxH, e.g. 8x512x512, got {text!r}") from None
+    return batch, seq_len, hidden
+
+
+def _build(name: str, hidden: int, window: int) -> nn.Module:
+    if name == "qrnn":
+        return QRNN(hidden, hidden, window=window, pooling="fo")
+    if name == "sru":
+        import sru
+
+        return _TimeFirst(sru.SRU(hidden, hidden, num_layers=1))
+    return build_encoder(name, hidden, hidden_size=hidden)
+
+
+class _TimeFirst(nn.Module):
+    """Adapts a time-first (T, B, D) module returning (outputs, state) to batch-first input."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        out, state = self.module(x.transpose(0, 1))
+        return out.transpose(0, 1), state
+
+
+def _timer(fn: Callable[[], object]) -> Callable[[], float]:
+    def run() -> float:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+
+    return run
+
+
+def _encoder_cases(model: nn.Module, x: Tensor) -> dict[str, Callable[[], float]]:
+    params = [p for p in model.parameters() if p.requires_grad]
+    x_grad = x.detach().requires_grad_(True)
+    grad_out = torch.randn_like(model(x)[0].detach())
+
+    def fwd() -> None:
+        model.eval()
+        with torch.no_grad():
+            model(x)
+
+    def fwd_bwd() -> None:
+        model.train()
+        out = model(x_grad)[0]
+        torch.autograd.grad(out, [x_grad, *params], grad_out)
+
+    return {"fwd": _timer(fwd), "fwd_bwd": _timer(fwd_bwd)}
+
+
+def _qrnn_cases(model: QRNN, x: Tensor) -> dict[str, Callable[[], float]]:
+    """The GEMM bound of the QRNN projection and the fused pooling alone, on the same shapes."""
+    layer = model.layers[0][0]
+    batch, seq_len, _ = x.shape
+    inputs = x.reshape(batch * seq_len, -1).repeat(1, layer.window)  # (B*T, k*n) like the window matrix
+    weight, bias = layer.linear.weight.detach(), layer.linear.bias.detach()
+    grad_gates = torch.randn(batch * seq_len, weight.shape[0])
+    gates = torch.randn(batch, seq_len, weight.shape[0] // layer.hidden_size, layer.hidden_size, requires_grad=True)
+    lengths = torch.full((batch,), seq_len, dtype=torch.int64)
+    grad_h = torch.randn(batch, seq_len, layer.hidden_size)
+
+    def gemm() -> None:
+        torch.addmm(bias, inputs, weight.t())  # forward
+        torch.mm(grad_gates, weight)  # dX
+        torch.mm(grad_gates.t(), inputs)  # dW
+
+    def pool() -> None:
+        h, _ = qrnn_pool(gates, lengths, pooling=layer.pooling)
+        torch.autograd.grad(h, gates, grad_h)
+
+    return {"gemm": _timer(gemm), "pool": _timer(pool)}
+
+
+def measure(
+    encoders: list[str], shape: tuple[int, int, int], repeats: int, warmup: int, window: int, threads: int
+) -> list[dict]:
+    """One result row per encoder for one shape (see the module docstring)."""
+    batch, seq_len, hidden = shape
+    torch.manual_seed(0)
+    x = torch.randn(batch, seq_len, hidden)
+    cases: dict[tuple[str, str], Callable[[], float]] = {}
+    for name in encoders:
+        model = _build(name, hidden, window)
+        for kind, run in _encoder_cases(model, x).items():
+            cases[name, kind] = run
+        if name == "qrnn":
+            for kind, run in _qrnn_cases(model, x).items():
+                cases[name, kind] = run
+    samples: dict[tuple[str, str], list[float]] = {key: [] for key in cases}
+    for i in range(warmup + repeats):
+        for key, run in cases.items():
+            elapsed = run()
+            if i >= warmup:
+                samples[key].append(elapsed)
+    tokens = batch * seq_len
+
+    def seconds(name: str, kind: str) -> float:
+        return statistics.median(samples[name, kind])
+
+    rows = []
+    for name in encoders:
+        row = {
+            "encoder": name, "batch": batch, "seq_len": seq_len, "hidden": hidden, "threads": threads,
+            "fwd_tokens_per_s": round(tokens / seconds(name, "fwd"), 1),
+            "fwd_bwd_tokens_per_s": round(tokens / seconds(name, "fwd_bwd"), 1),
+        }
+        if name == "qrnn":
+            row.update(
+                window=window,
+                pooling="fo",
+                backend=pool_backend("cpu"),
+                gemm_bound_fwd_bwd_tokens_per_s=round(tokens / seconds(name, "gemm"), 1),
+                pooling_share=round(seconds(name, "pool") / seconds(name, "fwd_bwd"), 4),
+            )
+        rows.append(row)
+    return rows
+
+
+def _table(rows: list[dict]) -> str:
+    columns = ("fwd tok/s", 10), ("fwd+bwd tok/s", 14), ("x lstm", 7), ("%gemm", 6), ("pool", 5)
+    lines = [f"{'encoder':8} {'shape':>12} " + " ".join(f"{name:>{width}}" for name, width in columns)]
+    lstm = {(r["batch"], r["seq_len"], r["hidden"]): r["fwd_bwd_tokens_per_s"] for r in rows if r["encoder"] == "lstm"}
+    for r in rows:
+        shape = (r["batch"], r["seq_len"], r["hidden"])
+        ratio = f"{r['fwd_bwd_tokens_per_s'] / lstm[shape]:.2f}" if shape in lstm else "-"
+        bound = share = ""
+        if "pooling_share" in r:
+            bound = f"{100 * r['fwd_bwd_tokens_per_s'] / r['gemm_bound_fwd_bwd_tokens_per_s']:.0f}%"
+            share = f"{100 * r['pooling_share']:.0f}%"
+        lines.append(
+            f"{r['encoder']:8} {'x'.join(map(str, shape)):>12} {r['fwd_tokens_per_s']:>10.0f} "
+            f"{r['fwd_bwd_tokens_per_s']:>14.0f} {ratio:>7} {bound:>6} {share:>5}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="seqzoo bench encoders", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--encoders", default="lstm,gru,qrnn,sru", help="comma-separated; sru is skipped if not installed"
+    )
+    parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma-separated BxTxH (input size = H)")
+    parser.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
+    parser.add_argument("--qrnn-window", type=int, default=1, help="QRNN filter width k (default 1)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (median reported)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed runs first")
+    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
+    args = parser.parse_args(argv)
+    encoders = [e.strip() for e in args.encoders.split(",") if e.strip()]
+    if "sru" in encoders:
+        try:
+            import sru  # noqa: F401
+        except ImportError:
+            print("sru is not installed (pip install 'seqzoo[bench]'); skipping it", file=sys.stderr)
+            encoders.remove("sru")
+    shapes = [_parse_shape(s) for s in args.shapes.split(",")]
+    torch.set_num_threads(args.threads)
+    rows = []
+    for shape in shapes:
+        for row in measure(encoders, shape, args.repeats, args.warmup, args.qrnn_window, args.threads):
+            rows.append(row)
+            if args.json:
+                print(json.dumps(row), flush=True)
+    if not args.json:
+        print(_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""Quasi-Recurrent Neural Network encoder.
+
+Bradbury, Merity, Xiong, Socher. "Quasi-Recurrent Neural Networks". ICLR 2017.
+
+A layer is a causal convolution of width k over time, computed as one matmul over the window
+``[x_{t-k+1}, ..., x_t]`` (eqs. 1-2), followed by elementwise f-, fo- or ifo-pooling (eqs. 3-5)
+through :mod:`seqzoo.kernels` (fused C / Triton kernels with a PyTorch reference). Conventions
+(MODELS.md, Decision 1): ``f`` multiplies the OLD state; zoneout (eq. 6) sets ``f = 1`` on a
+random subset of channels during training without rescaling and uses the expectation
+``f = 1 - (1 - p)(1 - f)`` at evaluation. Densely-connected stacks follow MODELS.md 1.5.
+
+State (unidirectional): one ``(c, x_tail)`` pair per layer, ``c`` (B, H) the pooling cell state
+and ``x_tail`` (B, k - 1, n) the layer's last k - 1 real inputs, so a sequence fed chunk by
+chunk gives the same result as fed whole for any k. Bidirectional encoders return the same
+format (``c`` (B, 2H): forward then backward direction) but cannot be continued.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from seqzoo.base import Encoder, State, check_mask, lengths_from_mask, register_encoder
+from seqzoo.kernels import POOLINGS, qrnn_pool
+
+__all__ = ["QRNN", "QRNNLayer"]
+
+
+class QRNNLayer(nn.Module):
+    """One direction of one QRNN layer: masked convolution (one matmul) + fused pooling.
+
+    ``reverse=True`` makes the backward direction: each row is read from its last real token to
+    its first, and the window looks ahead, ``[x_t, ..., x_{t+k-1}]`` (zeros past the row's end).
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        window: int = 1,
+        pooling: str = "fo",
+        zoneout: float = 0.0,
+        bias: bool = True,
+        reverse: bool = False,
+    ) -> None:
+        super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {sorted(POOLINGS)}, got {pooling!r}")
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        if not 0.0 <= zoneout < 1.0:
+            raise ValueError(f"zoneout must be in [0, 1), got {zoneout}")
+        self.input_size, self.hidden_size, self.window = input_size, hidden_size, window
+        self.pooling, self.zoneout, self.reverse = pooling, zoneout, reverse
+        # W_z, W_f, W_o (, W_i) of all k taps as one matrix; output chunks in the order z, f, o, i.
+        self.linear = nn.Linear(window * input_size, POOLINGS[pooling] * hidden_size, bias=bias)
+
+    def forward(
+        self, x: Tensor, lengths: Tensor, c0: Tensor | None = None, x_tail: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """x (B, T, n), lengths (B,) -> h (B, T, H) zero at pads, c_last (B, H), new x_tail (B, k-1, n)."""
+        batch, time, _ = x.shape
+        k = self.window
+        if x_tail is None:
+            x_tail = x.new_zeros(batch, k - 1, self.input_size)
+        if k == 1:
+            windows, padded = x, x  # (B, T, n)
+        elif self.reverse:  # look-ahead window; frames past a row's end are zeros, as for the row alone
+            real = torch.arange(time, device=x.device) < lengths.unsqueeze(1)
+            padded = torch.cat([x * real.unsqueeze(-1), x.new_zeros(batch, k - 1, self.input_size)], 1)
+            windows = torch.cat([padded[:, j : j + time] for j in range(k)], -1)  # (B, T, k*n)
+        else:  # masked convolution: [x_{t-k+1}, ..., x_t], the first frames from the previous chunk
+            padded = torch.cat([x_tail, x], 1)  # (B, k-1+T, n)
+            windows = torch.cat([padded[:, j : j + time] for j in range(k)], -1)  # (B, T, k*n)
+        gates = self.linear(windows).view(batch, time, POOLINGS[self.pooling], self.hidden_size)  # (B, T, G, H)
+        keep, keep_prob = None, 1.0
+        if self.zoneout > 0:  # eq. 6
+            if self.training:
+                keep = torch.rand(batch, time, self.hidden_size, device=x.device) >= self.zoneout
+            else:
+                keep_prob = 1.0 - self.zoneout
+        h, c_last = qrnn_pool(
+            gates, lengths, c0, pooling=self.pooling, keep=keep, keep_prob=keep_prob, reverse=self.reverse
+        )
+        return h, c_last, self._last_inputs(padded, lengths, x_tail)
+
+    def _last_inputs(self, padded: Tensor, lengths: Tensor, x_tail: Tensor) -> Tensor:
+        """The last k - 1 real inputs of each row (earlier chunks' inputs where the row is short)."""
+        if self.window == 1 or self.reverse:
+            return x_tail
+        index = lengths.view(-1, 1) + torch.arange(self.window - 1, device=padded.device)  # (B, k-1) into padded
+        return padded.gather(1, index.unsqueeze(-1).expand(-1, -1, padded.shape[-1]))
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.input_size}, {self.hidden_size}, window={self.window}, pooling={self.pooling!r}, "
+            f"zoneout={self.zoneout}, reverse={self.reverse}"
+        )
+
+
+@register_encoder("qrnn")
+class QRNN(Encoder):
+    """Stacked (optionally bidirectional, densely-connected) QRNN encoder.
+
+    Args follow ``torch.nn.LSTM`` where they overlap. ``window`` is the filter width k (one int
+    or one per layer); ``pooling`` is ``"f"``, ``"fo"`` or ``"ifo"``; ``zoneout`` is p of eq. 6;
+    ``dropout`` applies between layers (not after the last); ``dense=True`` feeds layer l the
+    concatenation ``[x; H^1; ...; H^{l-1}]`` and returns the last layer's output.
+    Input (B, T, input_size); output (B, T, hidden_size * directions).
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        dropout: float = 0.0,
+        bidirectional: bool = False,
+        window: int | Sequence[int] = 1,
+        pooling: str = "fo",
+        zoneout: float = 0.0,
+        dense: bool = False,
+        bias: bool = True,
+    ) -> None:
+        super().__init__(input_size, hidden_size, bidirectional=bidirectional)
+        windows = [window] * num_layers if isinstance(window, int) else list(window)
+        if num_layers < 1 or len(windows) != num_layers:
+            raise ValueError(f"need num_layers >= 1 and one window per layer, got {num_layers} and {windows}")
+        self.stateful = not bidirectional
+        self.num_layers, self.dense = num_layers, dense
+        self.dropout = nn.Dropout(dropout)
+        directions = (False, True) if bidirectional else (False,)
+        out = self.output_size
+        sizes = [input_size + i * out if dense else (input_size if i == 0 else out) for i in range(num_layers)]
+        self.layers = nn.ModuleList(  # layers[l][d]: layer l, direction d (forward, then backward)
+            nn.ModuleList(QRNNLayer(n, hidden_size, k, pooling, zoneout, bias, reverse) for reverse in directions)
+            for n, k in zip(sizes, windows, strict=True)
+        )
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, state: State = None) -> tuple[Tensor, State]:
+        mask = check_mask(x, mask)
+        if state is not None and not self.stateful:
+            raise ValueError("a bidirectional QRNN is not stateful; pass state=None")
+        lengths = lengths_from_mask(mask)
+        states = state if state is not None else [(None, None)] * self.num_layers
+        inputs, finals = x, []  # inputs: (B, T, n_l)
+        for i, (directions, (c0, x_tail)) in enumerate(zip(self.layers, states, strict=True)):
+            h, c, tail = directions[0](inputs, lengths, c0, x_tail)  # (B, T, H), (B, H), (B, k-1, n_l)
+            if self.bidirectional:
+                h_back, c_back, _ = directions[1](inputs, lengths)
+                h, c = torch.cat([h, h_back], -1), torch.cat([c, c_back], -1)  # (B, T, 2H), (B, 2H)
+            finals.append((c, tail))
+            if i < self.num_layers - 1:
+                h = self.dropout(h)
+                inputs = torch.cat([inputs, h], -1) if self.dense else h
+        return h, tuple(finals)

@@ -1,0 +1,103 @@
+"""QRNN encoder: contract in all configurations, zoneout (eq. 6), dropout, dense stacks, backends."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from seqzoo.base import build_encoder
+from seqzoo.qrnn import QRNN, QRNNLayer
+from seqzoo.testing import assert_contract
+
+CONFIGS = list(itertools.product([False, True], [1, 2, 3], [False, True], [1, 2], ["f", "fo", "ifo"]))
+
+
+@pytest.mark.parametrize(("bidirectional", "window", "dense", "num_layers", "pooling"), CONFIGS)
+def test_contract(bidirectional, window, dense, num_layers, pooling):
+    torch.manual_seed(0)
+    encoder = QRNN(6, 5, num_layers=num_layers, bidirectional=bidirectional, window=window, dense=dense,
+                   pooling=pooling, zoneout=0.2, dropout=0.3)
+    assert encoder.causal == encoder.stateful == (not bidirectional)
+    assert_contract(encoder)
+
+
+def test_registered_with_per_layer_windows_and_dense_widths():
+    encoder = build_encoder("qrnn", 7, hidden_size=4, num_layers=3, window=[4, 2, 2], dense=True, bidirectional=True)
+    assert encoder.output_size == 8
+    assert [d[0].linear.in_features for d in encoder.layers] == [4 * 7, 2 * (7 + 8), 2 * (7 + 16)]
+    out, _ = encoder(torch.randn(2, 5, 7))
+    assert out.shape == (2, 5, 8)
+
+
+def _pool_f_by_hand(layer: QRNNLayer, x: torch.Tensor):
+    """z, f of an f-pooling layer and the stepwise states h (B, T, H) from its forward pass."""
+    gates = layer.linear(x).view(*x.shape[:2], 2, layer.hidden_size)
+    h, _, _ = layer(x, torch.full((x.shape[0],), x.shape[1]))
+    return torch.tanh(gates[:, :, 0]), torch.sigmoid(gates[:, :, 1]), h
+
+
+def test_zoneout_training_copies_old_state_without_rescaling():
+    torch.manual_seed(0)
+    layer = QRNNLayer(6, 64, pooling="f", zoneout=0.4).train()
+    x = torch.randn(8, 20, 6)
+    with torch.no_grad():
+        z, f, h = _pool_f_by_hand(layer, x)
+    prev = torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], 1)  # h_{t-1}, h_0 = 0
+    copied = torch.isclose(h, prev, atol=1e-6, rtol=0)
+    updated = torch.isclose(h, f * prev + (1 - f) * z, atol=1e-5, rtol=0)  # eq. 3 with the raw, unscaled f
+    assert bool((copied | updated).all()), "every channel either keeps its state or takes the normal update"
+    assert abs(copied.float().mean().item() - 0.4) < 0.03
+
+
+def test_zoneout_evaluation_uses_the_expectation():
+    torch.manual_seed(0)
+    layer = QRNNLayer(6, 16, pooling="f", zoneout=0.25).eval()
+    x = torch.randn(3, 10, 6)
+    with torch.no_grad():
+        z, f, h = _pool_f_by_hand(layer, x)
+    f_eval = 1 - (1 - 0.25) * (1 - f)
+    c, expected = torch.zeros(3, 16), []
+    for t in range(10):
+        c = f_eval[:, t] * c + (1 - f_eval[:, t]) * z[:, t]
+        expected.append(c)
+    assert torch.allclose(h, torch.stack(expected, 1), atol=1e-5)
+
+
+def test_dropout_only_between_layers():
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 5)
+    single = QRNN(5, 8, dropout=0.9)
+    assert torch.equal(single.train()(x)[0], single.eval()(x)[0])
+    stacked = QRNN(5, 8, num_layers=2, dropout=0.9)
+    assert not torch.allclose(stacked.train()(x)[0], stacked.eval()(x)[0])
+
+
+def test_bidirectional_rejects_state():
+    encoder = QRNN(4, 3, bidirectional=True)
+    _, state = encoder(torch.randn(2, 5, 4))
+    with pytest.raises(ValueError, match="not stateful"):
+        encoder(torch.randn(2, 5, 4), state=state)
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_fast_path_matches_reference_through_the_encoder(monkeypatch, bidirectional):
+    """Values and all gradients agree, with padding, carried state (k = 3) and zoneout in training."""
+    torch.manual_seed(0)
+    encoder = QRNN(5, 6, num_layers=2, window=3, pooling="ifo", zoneout=0.3, bidirectional=bidirectional).train()
+    x = torch.randn(4, 7, 5, requires_grad=True)
+    mask = torch.arange(7) < torch.tensor([7, 3, 0, 5]).unsqueeze(1)
+    state = None
+    if not bidirectional:
+        with torch.no_grad():
+            _, state = encoder(torch.randn(4, 4, 5))
+    results = []
+    for backend in ("auto", "reference"):
+        monkeypatch.setenv("SEQZOO_QRNN_BACKEND", backend)
+        torch.manual_seed(1)  # same zoneout masks
+        out, final = encoder(x, mask, state)
+        loss = out.square().sum() + sum(c.square().sum() for c, _ in final)
+        results.append((out, *torch.autograd.grad(loss, [x, *encoder.parameters()])))
+    for a, b in zip(*results, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)

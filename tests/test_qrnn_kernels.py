@@ -1,0 +1,127 @@
+"""QRNN pooling kernels: fast paths == PyTorch reference, gradchecks, fallback warnings."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+import warnings
+
+import pytest
+import torch
+
+from seqzoo.kernels.qrnn_pool import POOLINGS, pool_backend, qrnn_pool, qrnn_pool_compiled, qrnn_pool_reference
+
+pool_module = importlib.import_module("seqzoo.kernels.qrnn_pool")  # the package re-exports a function of that name
+needs_compiled = pytest.mark.skipif(pool_backend() != "compiled", reason="compiled kernel not built")
+ZONEOUT = ["none", "train", "eval"]
+
+
+def _inputs(pooling: str, zoneout: str, dtype: torch.dtype = torch.float32, shape=(4, 9, 70), seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    batch, time, hidden = shape
+    gates = torch.randn(batch, time, POOLINGS[pooling], hidden, generator=gen, dtype=dtype).requires_grad_(True)
+    c0 = torch.randn(batch, hidden, generator=gen, dtype=dtype).requires_grad_(True)
+    lengths = torch.tensor([time, time // 2, 0, 1][:batch])
+    keep = torch.rand(batch, time, hidden, generator=gen) >= 0.3 if zoneout == "train" else None
+    return gates, lengths, c0, {"pooling": pooling, "keep": keep, "keep_prob": 0.7 if zoneout == "eval" else 1.0}
+
+
+def _values_and_grads(fn, gates, lengths, c0, kwargs, reverse):
+    h, c = fn(gates, lengths, c0, reverse=reverse, **kwargs)
+    gen = torch.Generator().manual_seed(1)
+    weights = [torch.randn(t.shape, generator=gen, dtype=t.dtype) for t in (h, c)]
+    loss = (h * weights[0]).sum() + (c * weights[1]).sum()
+    return (h, c, *torch.autograd.grad(loss, (gates, c0)))
+
+
+def _assert_matches_reference(fn, pooling, zoneout, reverse, atol=1e-5):
+    gates, lengths, c0, kwargs = _inputs(pooling, zoneout)
+    fast = _values_and_grads(fn, gates, lengths, c0, kwargs, reverse)
+    ref = _values_and_grads(qrnn_pool_reference, gates, lengths, c0, kwargs, reverse)
+    for name, a, b in zip(("h", "c_last", "d_gates", "d_c0"), fast, ref, strict=True):
+        assert torch.allclose(a, b, atol=atol, rtol=1e-5), f"{name}: max diff {(a - b).abs().max():.3g}"
+    assert not fast[0][1, lengths[1]:].any() and not fast[0][2].any(), "outputs at pads must be zero"
+
+
+@needs_compiled
+@pytest.mark.parametrize("pooling", list(POOLINGS))
+@pytest.mark.parametrize("zoneout", ZONEOUT)
+@pytest.mark.parametrize("reverse", [False, True])
+def test_compiled_matches_reference(pooling, zoneout, reverse):
+    _assert_matches_reference(qrnn_pool_compiled, pooling, zoneout, reverse)
+
+
+@pytest.mark.parametrize("backend", ["reference", pytest.param("compiled", marks=needs_compiled)])
+@pytest.mark.parametrize("pooling", list(POOLINGS))
+@pytest.mark.parametrize("reverse", [False, True])
+def test_gradcheck_float64(backend, pooling, reverse):
+    fn = qrnn_pool_compiled if backend == "compiled" else qrnn_pool_reference
+    for zoneout in ZONEOUT:
+        gates, lengths, c0, kwargs = _inputs(pooling, zoneout, torch.float64, shape=(3, 5, 4))
+        pool = functools.partial(fn, lengths=lengths, reverse=reverse, **kwargs)
+        assert torch.autograd.gradcheck(lambda g, c, pool=pool: pool(g, c0=c), (gates, c0))
+
+
+@needs_compiled
+def test_compiled_inference_without_autograd():
+    gates, lengths, c0, kwargs = _inputs("fo", "eval")
+    with torch.no_grad():
+        h, c = qrnn_pool_compiled(gates, lengths, c0, **kwargs)
+        h_ref, c_ref = qrnn_pool_reference(gates, lengths, c0, **kwargs)
+    assert torch.allclose(h, h_ref, atol=1e-6) and torch.allclose(c, c_ref, atol=1e-6)
+
+
+def test_fallback_warns_when_compiled_kernel_is_missing(monkeypatch):
+    monkeypatch.delenv("SEQZOO_QRNN_BACKEND", raising=False)
+    monkeypatch.setattr(pool_module, "_compiled_library", lambda: "cannot load _qrnn_pool.so (test)")
+    assert pool_backend() == "reference"
+    gates, lengths, c0, kwargs = _inputs("fo", "none")
+    with pytest.warns(RuntimeWarning, match="cannot load _qrnn_pool.so"):
+        h, _ = qrnn_pool(gates, lengths, c0, **kwargs)
+    assert torch.allclose(h, qrnn_pool_reference(gates, lengths, c0, **kwargs)[0])
+
+
+def test_reference_on_request_does_not_warn(monkeypatch):
+    monkeypatch.setenv("SEQZOO_QRNN_BACKEND", "reference")
+    assert pool_backend() == "reference"
+    gates, lengths, c0, kwargs = _inputs("ifo", "none")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        qrnn_pool(gates, lengths, c0, **kwargs)
+
+
+def test_rejects_wrong_gate_count():
+    with pytest.raises(ValueError, match="needs gates"):
+        qrnn_pool(torch.zeros(2, 3, 2, 4), torch.tensor([3, 3]), pooling="fo")
+
+
+@pytest.fixture
+def interpreted_triton(monkeypatch):
+    """The Triton module re-imported with TRITON_INTERPRET=1, so its kernels run on CPU tensors."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton")
+    sys.modules.pop("seqzoo.kernels.qrnn_pool_triton", None)
+    yield importlib.import_module("seqzoo.kernels.qrnn_pool_triton").qrnn_pool_triton
+    sys.modules.pop("seqzoo.kernels.qrnn_pool_triton", None)
+
+
+@pytest.mark.parametrize(
+    ("pooling", "zoneout", "reverse"), [("f", "eval", True), ("fo", "train", False), ("ifo", "none", True)]
+)
+def test_triton_interpreter_matches_reference(interpreted_triton, pooling, zoneout, reverse):
+    _assert_matches_reference(interpreted_triton, pooling, zoneout, reverse)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("pooling", list(POOLINGS))
+def test_triton_on_gpu_matches_reference(pooling):
+    assert pool_backend("cuda") == "triton"
+    gates, lengths, c0, kwargs = _inputs(pooling, "train")
+    gates, c0 = gates.detach().cuda().requires_grad_(True), c0.detach().cuda().requires_grad_(True)
+    lengths, kwargs["keep"] = lengths.cuda(), kwargs["keep"].cuda()
+    fast = _values_and_grads(qrnn_pool, gates, lengths, c0, kwargs, reverse=False)
+    ref = _values_and_grads(qrnn_pool_reference, gates, lengths, c0, kwargs, reverse=False)
+    for a, b in zip(fast, ref, strict=True):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)

@@ -1,0 +1,37 @@
+"""Densely-connected stacks of single-layer encoders."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import seqzoo.qrnn  # noqa: F401  (registers "qrnn")
+from seqzoo.base import build_encoder
+from seqzoo.stacking import DenseStack
+from seqzoo.testing import assert_contract
+
+
+@pytest.mark.parametrize("name", ["dense_lstm", "dense_gru"])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_dense_baselines_contract(name, bidirectional):
+    torch.manual_seed(0)
+    encoder = build_encoder(name, 6, hidden_size=4, num_layers=3, dropout=0.3, bidirectional=bidirectional)
+    assert encoder.causal == (not bidirectional)
+    assert encoder.output_size == 4 * (2 if bidirectional else 1)
+    assert_contract(encoder)
+
+
+def test_layer_widths_grow_by_each_output():
+    encoder = build_encoder("dense_lstm", 10, hidden_size=8, num_layers=4)
+    assert [layer.input_size for layer in encoder.layers] == [10, 18, 26, 34]
+
+
+def test_dense_qrnn_stack_equals_the_qrnn_dense_option():
+    torch.manual_seed(0)
+    stack = DenseStack("qrnn", 5, 4, num_layers=3, window=2)
+    qrnn = build_encoder("qrnn", 5, hidden_size=4, num_layers=3, window=2, dense=True)
+    for mine, theirs in zip(stack.layers, qrnn.layers, strict=True):
+        theirs.load_state_dict(mine.layers[0].state_dict())
+    x, mask = torch.randn(3, 6, 5), torch.arange(6) < torch.tensor([6, 2, 4]).unsqueeze(1)
+    assert torch.allclose(stack(x, mask)[0], qrnn(x, mask)[0], atol=1e-6)
+    assert_contract(stack)
