@@ -15,6 +15,8 @@ __all__ = ["main"]
 
 log = logging.getLogger("seqzoo")
 
+DEFAULT_CONFIG = Path(__file__).with_name("configs") / "default.yaml"
+
 
 def _new_run_dir(output_dir: str, name: str) -> Path:
     base = Path(output_dir) / name
@@ -34,7 +36,7 @@ def _train(args: argparse.Namespace) -> int:
             raise ConfigError(f"{run_dir}: not a run directory (no config.yaml)")
         config = load_config(run_dir / "config.yaml", args.set)
     else:
-        config = load_config(args.config, args.set)
+        config = load_config(args.config or DEFAULT_CONFIG, args.set)
         run_dir = Path(args.run_dir) if args.run_dir else _new_run_dir(config.output_dir, config.name)
     summary = run(config, run_dir, resume=bool(args.resume))
     print("\n".join(format_summary(summary)))

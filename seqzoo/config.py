@@ -7,6 +7,7 @@ Every key is validated against the dataclass fields and their types; a bad key o
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -143,6 +144,8 @@ def _check_value(value: Any, hint: Any, key: str) -> Any:
         return dict(value)
     if dataclasses.is_dataclass(hint):
         return _build(hint, value, key)
+    if hint is str and isinstance(value, str):
+        return os.path.expandvars(value)  # paths may name $SEQZOO_DATA etc.
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if hint is float and isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
