@@ -111,13 +111,14 @@ def capsule_routing(zones: Tensor, weight: Tensor, capsules: int, iterations: in
     ``weight`` (J·d_o, d_z) stacks the J transforms ``W^c_j``, each shared by all input
     capsules (footnote 2), so all predictions come from one matmul.
     """
-    pred = F.linear(zones, weight).unflatten(-1, (capsules, -1))  # ẑ_{j|i} (B, N, J, d_o), eq. 10
-    logits = zones.new_zeros(pred.shape[:-1])  # b_ij = 0, (B, N, J)
+    # ẑ_{j|i} laid out (B, J, N, d_o) so both routing products below are plain batched matmuls
+    pred = F.linear(zones, weight).unflatten(-1, (capsules, -1)).transpose(1, 2).contiguous()  # eq. 10
+    logits = zones.new_zeros(pred.shape[:-1])  # b_ij = 0, stored (B, J, N)
     for it in range(iterations):
-        coupling = torch.softmax(logits, dim=-1)  # c_ij, eq. 11
-        out = squash(torch.einsum("bnj,bnjd->bjd", coupling, pred))  # eqs. 12-13
+        coupling = torch.softmax(logits, dim=1)  # c_ij: softmax over the output capsules j, eq. 11
+        out = squash((coupling.unsqueeze(2) @ pred).squeeze(2))  # s_j = Σ_i c_ij ẑ_{j|i}, o_j, eqs. 12-13
         if it + 1 < iterations:
-            logits = logits + torch.einsum("bnjd,bjd->bnj", pred, out)  # eq. 14
+            logits = logits + (pred @ out.unsqueeze(-1)).squeeze(-1)  # b_ij += ẑ_{j|i} · o_j, eq. 14
     return out
 
 
