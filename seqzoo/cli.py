@@ -77,6 +77,20 @@ def _predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sample(args: argparse.Namespace) -> int:
+    from seqzoo.runner import find_runs, load_task
+    from seqzoo.tasks.lm import LMTask, sample
+
+    runs = find_runs(args.run_dir)
+    if not runs:
+        raise ConfigError(f"{args.run_dir}: no trained model (no best/ checkpoint) below this directory")
+    task = load_task(runs[0], with_data=False)
+    if not isinstance(task, LMTask):
+        raise ConfigError(f"{runs[0]}: not a language model run")
+    print(sample(task, args.length, args.temperature, args.prime, args.seed))
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     try:
         module = importlib.import_module(f"seqzoo.bench.{args.name}")
@@ -102,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("run_dir")
     predict.add_argument("--input", help="file with one text per line (default: stdin)")
     predict.set_defaults(func=_predict)
+    gen = sub.add_parser("sample", help="generate text from a trained language model run")
+    gen.add_argument("run_dir")
+    gen.add_argument("--length", type=int, default=200, help="tokens to generate (default 200)")
+    gen.add_argument("--temperature", type=float, default=1.0, help="softmax temperature > 0 (default 1)")
+    gen.add_argument("--prime", default="", help="text to start from (default: a new line)")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.set_defaults(func=_sample)
     bench = sub.add_parser("bench", help="benchmarks: seqzoo bench encoders|mzu --help")
     bench.add_argument("name")
     bench.add_argument("rest", nargs=argparse.REMAINDER)

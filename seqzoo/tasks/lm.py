@@ -1,0 +1,317 @@
+"""Language-modelling recipe: embedding -> any causal, stateful encoder -> softmax over the vocabulary.
+
+Data: ``{data_dir}/{train,valid,test}.txt[.gz]`` read at ``data.level`` = ``"word"`` or
+``"char"`` by :func:`seqzoo.data.lm.read_lm_tokens` (word level appends ``<eos>`` to every
+line; char level keeps every character, newlines included). The vocabulary comes from train.
+
+Training: each split is one contiguous stream cut into parallel rows by
+:func:`~seqzoo.data.lm.batchify` (``data.batch_size`` rows for train) and walked in
+``data.bptt`` windows, in order, with the encoder state carried from window to window and
+detached (truncated BPTT); the state is reset to zeros at the first window of every epoch.
+
+Metric protocol (TASKS.md "Metrics"): the split is batchified into ``data.eval_batch_size``
+rows and read in order with the state carried across windows, dropout off. Every token of a
+row but its first is a target (the last ``N mod rows`` tokens of the stream are dropped by
+batchify, so ``tokens`` = rows * (N // rows - 1)). ``loss`` is the mean NLL in nats over
+those targets; word level reports ``ppl`` = exp(loss) (``<eos>`` is a target like any word),
+char level reports ``bpc`` = loss / ln 2 (newlines are targets like any character). Lower is
+better for both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from matplotlib.figure import Figure
+from torch import Tensor, nn
+
+from seqzoo.base import State, build_encoder, detach_state
+from seqzoo.config import LMDataConfig, ModelConfig, RunConfig
+from seqzoo.data.errors import DataError
+from seqzoo.data.lm import EOS, batchify, build_lm_vocab, read_lm_tokens, tbptt_batches
+from seqzoo.data.text import Vocab
+from seqzoo.plots import save_figure
+
+__all__ = [
+    "LMTask",
+    "LanguageModel",
+    "build_tasks",
+    "load_trained",
+    "loss_by_length_bucket",
+    "plot_length_buckets",
+    "read_splits",
+    "sample",
+]
+
+#: Task split name -> file stem in the data directory.
+SPLIT_FILES = {"train": "train", "dev": "valid", "test": "test"}
+
+
+class LanguageModel(nn.Module):
+    """Embedding (B, T) -> dropout -> encoder (B, T, H) -> dropout -> logits (B, T, V).
+
+    With ``cfg.tie_weights`` the output layer reuses the embedding matrix (Press & Wolf 2017;
+    needs encoder output size == embedding size) and only its bias is a separate parameter.
+    """
+
+    def __init__(self, vocab_size: int, embedding_dim: int, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, embedding_dim)
+        self.embedding_dropout = nn.Dropout(cfg.embedding_dropout)
+        self.encoder = build_encoder(cfg.encoder, embedding_dim, **cfg.encoder_args)
+        if not (self.encoder.causal and self.encoder.stateful):
+            raise ValueError(
+                f"encoder {cfg.encoder!r} with args {cfg.encoder_args} is not causal and stateful "
+                "(bidirectional, or unable to carry its state across windows); a language model needs both"
+            )
+        self.dropout = nn.Dropout(cfg.dropout)
+        size = self.encoder.output_size
+        if cfg.tie_weights and size != embedding_dim:
+            raise ValueError(f"tie_weights needs encoder output size ({size}) == embedding size ({embedding_dim})")
+        self.output_weight = None if cfg.tie_weights else nn.Parameter(torch.empty(vocab_size, size))
+        self.output_bias = nn.Parameter(torch.zeros(vocab_size))
+        nn.init.uniform_(self.embedding.weight, -0.1, 0.1)
+        if self.output_weight is not None:
+            nn.init.uniform_(self.output_weight, -0.1, 0.1)
+
+    def forward(self, ids: Tensor, state: State = None) -> tuple[Tensor, State]:
+        x = self.embedding_dropout(self.embedding(ids))  # (B, T, E)
+        h, state = self.encoder(x, None, state)  # (B, T, H)
+        weight = self.embedding.weight if self.output_weight is None else self.output_weight
+        return F.linear(self.dropout(h), weight, self.output_bias), state  # (B, T, V)
+
+    def auxiliary_loss(self) -> Tensor | None:
+        return self.encoder.auxiliary_loss()
+
+
+def _split_path(data_dir: str, split: str) -> Path:
+    directory = Path(data_dir)
+    stem = SPLIT_FILES[split]
+    for candidate in (directory / f"{stem}.txt", directory / f"{stem}.txt.gz"):
+        if candidate.exists():
+            return candidate
+    hint = " (an environment variable in data.data_dir is not set)" if "$" in data_dir else ""
+    raise DataError(f"no {stem}.txt or {stem}.txt.gz{hint}", directory)
+
+
+def read_splits(cfg: LMDataConfig) -> dict[str, list[str]]:
+    """The token streams of train, dev (``valid.txt``) and test, at ``cfg.level``."""
+    if not cfg.data_dir:
+        raise DataError("data.data_dir is not set: a language model needs {train,valid,test}.txt[.gz]")
+    return {split: read_lm_tokens(_split_path(cfg.data_dir, split), cfg.level) for split in SPLIT_FILES}
+
+
+class LMTask:
+    """The :class:`seqzoo.training.Task` for word- or character-level language modelling.
+
+    ``tokens`` maps split names ("train", "dev", "test") to token streams; it may be empty
+    when ``vocab`` is given (a model loaded only to sample). See the module docstring for the
+    metric protocol.
+    """
+
+    higher_is_better = False
+
+    def __init__(self, config: RunConfig, tokens: Mapping[str, Sequence[str]], vocab: Vocab | None = None) -> None:
+        self.config = config
+        data: LMDataConfig = config.data
+        self.level = data.level
+        self.metric = "ppl" if self.level == "word" else "bpc"
+        self.vocab = vocab or build_lm_vocab(tokens["train"], self.level)
+        self.ids = {split: torch.tensor(self.vocab.encode(toks), dtype=torch.long) for split, toks in tokens.items()}
+        #: The token that ends a line: ``<eos>`` or ``"\n"`` (None for single-line char corpora like text8).
+        line_end = EOS if self.level == "word" else "\n"
+        self.line_end_id = self.vocab.token_to_id(line_end) if line_end in self.vocab else None
+        self.model = LanguageModel(len(self.vocab), data.embedding_dim, config.model)
+        train = self.ids.get("train")
+        self._chunks = [] if train is None else tbptt_batches(batchify(train, data.batch_size), data.bptt)
+        self._state: State = None  # carried across training windows
+
+    def _split_ids(self, split: str) -> Tensor:
+        if split not in self.ids:
+            raise ValueError(f"split {split!r} is not loaded (loaded: {', '.join(self.ids) or 'none'})")
+        return self.ids[split]
+
+    def train_batches(self, epoch: int) -> list[int]:
+        """Window indices in stream order (TBPTT needs them sequential); the same every epoch."""
+        return list(range(len(self._chunks)))
+
+    def train_loss(self, batch: int) -> tuple[Tensor, int]:
+        """Mean NLL per target token of window ``batch`` (+ the encoder's auxiliary loss)."""
+        if batch == 0:
+            self._state = None
+        x, y = self._chunks[batch]
+        logits, state = self.model(x, self._state)
+        self._state = detach_state(state)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        aux = self.model.auxiliary_loss()
+        return (loss + aux if aux is not None else loss), y.numel()
+
+    def extra_state(self) -> dict[str, Any]:
+        """The carried training state, saved in ``last/`` so a resumed run continues exactly."""
+        return {"state": self._state}
+
+    def load_extra_state(self, extra: dict[str, Any]) -> None:
+        self._state = _as_tuples(extra["state"])
+
+    @torch.no_grad()
+    def token_nll(self, split: str) -> Tensor:
+        """NLL (nats, float64) of every token of ``split``'s stream, (N,); NaN where not a target.
+
+        Computed as in the metric protocol (eval_batch_size rows, state carried, no dropout).
+        """
+        ids = self._split_ids(split)
+        data: LMDataConfig = self.config.data
+        streams = batchify(ids, min(data.eval_batch_size, ids.numel()))  # (B, W)
+        nll = torch.full(streams.shape, math.nan, dtype=torch.float64)
+        was_training = self.model.training
+        self.model.eval()
+        state: State = None
+        starts = range(0, streams.shape[1] - 1, data.bptt)
+        for start, (x, y) in zip(starts, tbptt_batches(streams, data.bptt), strict=True):
+            logits, state = self.model(x, state)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
+            nll[:, start + 1 : start + 1 + y.shape[1]] = loss.view(y.shape).double()
+        self.model.train(was_training)
+        out = torch.full((ids.numel(),), math.nan, dtype=torch.float64)
+        out[: streams.numel()] = nll.reshape(-1)
+        return out
+
+    def evaluate(self, split: str) -> dict[str, float]:
+        """``loss`` (nats/token), ``ppl`` or ``bpc``, and the number of target ``tokens``."""
+        nll = self.token_nll(split)
+        targets = nll[~torch.isnan(nll)]
+        if targets.numel() == 0:
+            raise ValueError(f"split {split!r} is too short for eval_batch_size {self.config.data.eval_batch_size}")
+        loss = float(targets.sum()) / targets.numel()
+        return {"loss": loss, self.metric: self.metric_from_loss(loss), "tokens": targets.numel()}
+
+    def metric_from_loss(self, loss: float) -> float:
+        """exp(loss) (perplexity) at word level, loss / ln 2 (bits per character) at char level."""
+        return math.exp(loss) if self.level == "word" else loss / math.log(2)
+
+    def documents(self) -> dict[str, Any]:
+        return {"vocab.json": self.vocab.to_dict(), "lm.json": {"level": self.level}}
+
+
+def _as_tuples(state: Any) -> State:
+    """Checkpoints store tuples as lists; encoders return (and expect) tuples."""
+    if isinstance(state, list):
+        return tuple(_as_tuples(s) for s in state)
+    if isinstance(state, dict):
+        return {k: _as_tuples(v) for k, v in state.items()}
+    return state
+
+
+def build_tasks(config: RunConfig) -> list[tuple[str, LMTask]]:
+    """One task on the corpus of ``config.data``."""
+    return [("", LMTask(config, read_splits(config.data)))]
+
+
+def load_trained(config: RunConfig, best: Path, with_data: bool = True) -> LMTask:
+    """Rebuild a trained language model from a ``best/`` checkpoint directory."""
+    from seqzoo.checkpoint import load_tensors
+    from seqzoo.data.io import read_json
+
+    level = read_json(best / "lm.json")["level"]
+    if level != config.data.level:
+        raise DataError(f"lm.json says level {level!r} but the config says {config.data.level!r}", best)
+    tokens = read_splits(config.data) if with_data else {}
+    task = LMTask(config, tokens, vocab=Vocab.from_dict(read_json(best / "vocab.json")))
+    task.model.load_state_dict(load_tensors(best / "model.safetensors"))
+    return task
+
+
+def loss_by_length_bucket(task: LMTask, split: str, boundaries: Sequence[int]) -> list[dict[str, Any]]:
+    """Mean loss of ``split`` per line-length bucket (the MZU paper's Figure 2, "BPC by length").
+
+    Each line of the split is a sequence; its length is its number of tokens without the line
+    terminator (characters without ``"\\n"``, or words without ``<eos>``). ``boundaries``
+    ``[b1, b2, ...]`` make buckets ``[0, b1), [b1, b2), ..., [bk, inf)``. The per-token losses
+    are those of :meth:`LMTask.token_nll` (state carried across the whole split exactly as in
+    evaluation, so a line is predicted with all text before it as context); a line's tokens
+    include its terminator. The buckets' token-weighted mean equals ``evaluate(split)["loss"]``.
+
+    Returns one dict per non-empty bucket: ``min_length``, ``max_length`` (exclusive; None for
+    the last), ``lines``, ``tokens``, ``loss`` and the task's metric (``bpc`` or ``ppl``).
+    """
+    edges = torch.tensor(sorted(boundaries), dtype=torch.long)
+    ids = task._split_ids(split)
+    nll = task.token_nll(split)
+    is_end = ids == task.line_end_id if task.line_end_id is not None else torch.zeros_like(ids, dtype=torch.bool)
+    line = torch.cumsum(is_end.long(), 0) - is_end.long()  # a terminator belongs to the line it ends
+    lines = int(line[-1]) + 1
+    length = torch.bincount(line, weights=(~is_end).double(), minlength=lines).long()
+    bucket = torch.bucketize(length, edges, right=True)  # (lines,)
+    known = ~torch.isnan(nll)
+    line_tokens = torch.bincount(line[known], minlength=lines)
+    line_nll = torch.zeros(lines, dtype=torch.float64).index_add_(0, line[known], nll[known])
+    results = []
+    for k in range(len(edges) + 1):
+        members = (bucket == k) & (line_tokens > 0)
+        tokens = int(line_tokens[members].sum())
+        if tokens == 0:
+            continue
+        loss = float(line_nll[members].sum()) / tokens
+        results.append({
+            "min_length": int(edges[k - 1]) if k > 0 else 0,
+            "max_length": int(edges[k]) if k < len(edges) else None,
+            "lines": int(members.sum()), "tokens": tokens, "loss": loss, task.metric: task.metric_from_loss(loss),
+        })
+    return results
+
+
+def plot_length_buckets(series: Mapping[str, Sequence[dict[str, Any]]], path: str | Path, metric: str) -> Path:
+    """PNG of ``metric`` per length bucket, one line per model (``{label: loss_by_length_bucket(...)}``)."""
+    fig = Figure(figsize=(6, 3.5))
+    ax = fig.subplots()
+    for label, buckets in series.items():
+        names = [f"{b['min_length']}-{b['max_length'] - 1}" if b["max_length"] is not None else f"{b['min_length']}+"
+                 for b in buckets]
+        ax.plot(names, [b[metric] for b in buckets], "o-", label=label)
+    ax.set(xlabel="sequence length", ylabel=metric, title=f"{metric.upper()} by sequence length")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return save_figure(fig, Path(path))
+
+
+@torch.no_grad()
+def sample(task: LMTask, length: int = 200, temperature: float = 1.0, prime: str = "", seed: int = 0) -> str:
+    """``prime`` followed by ``length`` tokens drawn from the model (softmax of logits / temperature).
+
+    Char level: ``prime`` is read character by character and the result is the raw text.
+    Word level: ``prime`` is split on whitespace; words are joined by spaces, ``<eos>`` by newlines.
+    An empty prime starts after a line terminator. ``<pad>`` is never drawn.
+    """
+    if length < 0:
+        raise ValueError(f"length must be >= 0, got {length}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    vocab, model = task.vocab, task.model
+    context = list(prime) if task.level == "char" else prime.split()
+    ids = vocab.encode(context) or [task.line_end_id if task.line_end_id is not None else vocab.unk_id]
+    generator = torch.Generator().manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    logits, state = model(torch.tensor([ids]))
+    drawn: list[int] = []
+    for _ in range(length):
+        scaled = logits[0, -1] / temperature
+        scaled[vocab.pad_id] = -math.inf
+        drawn.append(int(torch.multinomial(torch.softmax(scaled, -1), 1, generator=generator)))
+        logits, state = model(torch.tensor([[drawn[-1]]]), state)
+    model.train(was_training)
+    tokens = vocab.decode(drawn)
+    if task.level == "char":
+        return prime + "".join(tokens)
+    text = " ".join(context)
+    for token in tokens:
+        if token == EOS:
+            text += "\n"
+        else:
+            text += token if not text or text.endswith("\n") else " " + token
+    return text

@@ -1,0 +1,226 @@
+"""Language-modelling recipe: streams, stateful evaluation, metrics, training, exact resume, sampling."""
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from seqzoo.checkpoint import join_tensors, split_tensors
+from seqzoo.cli import main
+from seqzoo.config import config_from_dict
+from seqzoo.data.errors import DataError
+from seqzoo.data.lm import batchify
+from seqzoo.runner import load_task, run
+from seqzoo.tasks.lm import LMTask, loss_by_length_bucket, plot_length_buckets, read_splits, sample
+from seqzoo.training import TIMING_KEYS
+
+SUBJECTS = ["the cat", "a dog", "the old bird", "my friend"]
+VERBS = ["sat on", "ran to", "looked at", "slept under"]
+OBJECTS = ["the mat", "a tree", "the red house", "the river"]
+
+
+def write_corpus(directory: Path, sizes=(160, 30, 30), seed: int = 0) -> Path:
+    """A small learnable corpus: ``subject verb object .`` lines in {train,valid,test}.txt."""
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    for stem, n in zip(("train", "valid", "test"), sizes, strict=True):
+        lines = [f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)} ." for _ in range(n)]
+        (directory / f"{stem}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return directory
+
+
+def make_config(data_dir: Path, tmp_path: Path, level: str = "word", **sections):
+    values = {
+        "task": "lm", "name": "toy_lm", "output_dir": str(tmp_path / "runs"),
+        "data": {"data_dir": str(data_dir), "level": level, "batch_size": 4, "eval_batch_size": 3, "bptt": 8,
+                 "embedding_dim": 16},
+        "model": {"encoder": "lstm", "encoder_args": {"hidden_size": 16}, "dropout": 0.1, "embedding_dropout": 0.1,
+                  "tie_weights": True},
+        "optim": {"optimizer": "adam", "lr": 0.01, "clip_norm": 1.0},
+        "train": {"epochs": 2, "patience": None, "checkpoint_every": 10, "seed": 5, "progress": False},
+    }
+    for section, updates in sections.items():
+        values[section] = {**values[section], **updates}
+    return config_from_dict(values)
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    return write_corpus(tmp_path / "corpus")
+
+
+def _records(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS} for line in lines]
+
+
+def test_streams_and_targets_line_up(corpus, tmp_path):
+    task = LMTask(make_config(corpus, tmp_path), read_splits(make_config(corpus, tmp_path).data))
+    first_line = (corpus / "train.txt").read_text().splitlines()[0].split()
+    assert task.vocab.decode(task.ids["train"][: len(first_line) + 1].tolist()) == [*first_line, "<eos>"]
+    streams = batchify(task.ids["train"], 4)
+    windows = [task._chunks[i] for i in task.train_batches(0)]
+    assert task.train_batches(0) == task.train_batches(3) == list(range(len(windows)))
+    assert torch.equal(torch.cat([x for x, _ in windows], 1), streams[:, :-1])
+    assert torch.equal(torch.cat([y for _, y in windows], 1), streams[:, 1:])
+    assert all(x.shape[1] <= 8 for x, _ in windows)
+
+
+def test_evaluation_with_carried_state_equals_one_pass(corpus, tmp_path):
+    config = make_config(corpus, tmp_path, data={"eval_batch_size": 1, "bptt": 5}, model={"tie_weights": False})
+    task = LMTask(config, read_splits(config.data))
+    ids = task.ids["dev"]
+    with torch.no_grad():
+        task.model.eval()
+        logits, _ = task.model(ids[None, :-1])
+        expected = F.cross_entropy(logits[0], ids[1:]).item()
+    task.model.train()
+    result = task.evaluate("dev")
+    assert result["tokens"] == ids.numel() - 1
+    assert result["loss"] == pytest.approx(expected, rel=1e-5)
+    assert task.model.training  # evaluation restores the mode
+
+
+def test_metric_formulas_on_a_uniform_model(corpus, tmp_path):
+    for level, metric in (("word", "ppl"), ("char", "bpc")):
+        config = make_config(corpus, tmp_path, level=level)
+        task = LMTask(config, read_splits(config.data))
+        with torch.no_grad():
+            task.model.embedding.weight.zero_()
+            task.model.output_bias.zero_()
+        result = task.evaluate("test")
+        size = len(task.vocab)
+        n = task.ids["test"].numel()
+        assert task.metric == metric
+        assert result["loss"] == pytest.approx(math.log(size))
+        assert result["tokens"] == 3 * (n // 3 - 1)
+        assert result[metric] == pytest.approx(size if metric == "ppl" else math.log2(size))
+    text = (corpus / "test.txt").read_text()
+    assert n == len(text)  # char level counts every character, newlines included
+
+
+def test_training_lowers_the_loss_and_tied_weights_checkpoint(corpus, tmp_path):
+    config = make_config(corpus, tmp_path, train={"epochs": 3})
+    run(config, tmp_path / "r")
+    records = _records(tmp_path / "r")
+    dev = [r["dev_loss"] for r in records if r["event"] == "epoch"]
+    vocab_size = len(json.loads((tmp_path / "r/best/vocab.json").read_text())["tokens"])
+    assert dev[-1] < dev[0] < math.log(vocab_size)
+    assert records[-1]["test_ppl"] == pytest.approx(math.exp(records[-1]["test_loss"]))
+    task = load_task(tmp_path / "r")
+    assert task.model.output_weight is None  # tied: the embedding is the output layer
+    assert task.evaluate("test")["ppl"] == pytest.approx(records[-1]["test_ppl"])
+
+
+def test_non_causal_encoder_is_refused(corpus, tmp_path):
+    config = make_config(corpus, tmp_path, model={"encoder_args": {"hidden_size": 8, "bidirectional": True},
+                                                  "tie_weights": False})
+    with pytest.raises(ValueError, match="not causal and stateful"):
+        LMTask(config, read_splits(config.data))
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_resume_mid_epoch_reproduces_uninterrupted_run(corpus, tmp_path, monkeypatch):
+    config = make_config(corpus, tmp_path, level="char", data={"bptt": 20})
+    clean = run(config, tmp_path / "clean")
+    steps_per_epoch = len(LMTask(config, read_splits(config.data)).train_batches(0))
+    original, calls = LMTask.train_loss, []
+
+    def dying(self, batch):
+        calls.append(batch)
+        if len(calls) == steps_per_epoch + 15:  # mid epoch 2, 5 steps after a checkpoint
+            raise _Killed
+        return original(self, batch)
+
+    monkeypatch.setattr(LMTask, "train_loss", dying)
+    with pytest.raises(_Killed):
+        run(config, tmp_path / "killed")
+    monkeypatch.setattr(LMTask, "train_loss", original)
+    saved = json.loads((tmp_path / "killed/last/train_state.json").read_text())
+    assert saved["loop"]["epoch"] == 1 and 5 <= saved["loop"]["step_in_epoch"] <= 14
+    assert saved["extra"]["state"] is not None  # the carried (h, c) is part of the checkpoint
+    resumed = run(config, tmp_path / "killed", resume=True)
+    assert resumed == clean
+    assert _records(tmp_path / "killed") == _records(tmp_path / "clean")
+
+
+@pytest.mark.parametrize("encoder", ["lstm", "gru", "qrnn"])
+def test_carried_state_survives_the_checkpoint_format(corpus, tmp_path, encoder):
+    import seqzoo.qrnn  # noqa: F401  (registers "qrnn")
+
+    config = make_config(corpus, tmp_path, model={"encoder": encoder, "encoder_args": {"hidden_size": 16},
+                                                  "dropout": 0.0, "embedding_dropout": 0.0})
+    tasks = [LMTask(config, read_splits(config.data)) for _ in range(2)]
+    tasks[1].model.load_state_dict(tasks[0].model.state_dict())
+    tasks[0].train_loss(0)
+    tasks[0].train_loss(1)
+    skeleton, tensors = split_tensors(tasks[0].extra_state())
+    tasks[1].load_extra_state(join_tensors(json.loads(json.dumps(skeleton)), tensors))
+    assert torch.equal(tasks[0].train_loss(2)[0], tasks[1].train_loss(2)[0])
+
+
+def test_loss_by_length_bucket_and_plot(corpus, tmp_path):
+    config = make_config(corpus, tmp_path, level="char")
+    task = LMTask(config, read_splits(config.data))
+    buckets = loss_by_length_bucket(task, "dev", [20, 25])
+    lines = (corpus / "valid.txt").read_text().splitlines()
+    lengths = [len(line) for line in lines]
+    assert sum(b["lines"] for b in buckets) == len(lines)
+    assert [b["lines"] for b in buckets] == [
+        n for n in (sum(x < 20 for x in lengths), sum(20 <= x < 25 for x in lengths), sum(x >= 25 for x in lengths))
+        if n
+    ]
+    overall = task.evaluate("dev")
+    assert sum(b["tokens"] for b in buckets) == overall["tokens"]
+    assert sum(b["loss"] * b["tokens"] for b in buckets) / overall["tokens"] == pytest.approx(overall["loss"])
+    assert all(b["bpc"] == pytest.approx(b["loss"] / math.log(2)) for b in buckets)
+    path = plot_length_buckets({"lstm": buckets}, tmp_path / "plots/bpc_by_length.png", "bpc")
+    assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_sample_function_and_cli(corpus, tmp_path, capsys):
+    config = make_config(corpus, tmp_path, train={"epochs": 1})
+    run(config, tmp_path / "r")
+    task = load_task(tmp_path / "r", with_data=False)
+    text = sample(task, length=12, prime="the cat", seed=3)
+    assert text.startswith("the cat ") and sample(task, length=12, prime="the cat", seed=3) == text
+    assert main(["sample", str(tmp_path / "r"), "--length", "12", "--prime", "the cat", "--seed", "3"]) == 0
+    assert capsys.readouterr().out == text + "\n"
+    with pytest.raises(ValueError, match="temperature"):
+        sample(task, temperature=0)
+
+
+def test_missing_split_file_is_a_clear_error(corpus, tmp_path):
+    (corpus / "valid.txt").unlink()
+    config = make_config(corpus, tmp_path)
+    with pytest.raises(DataError, match=r"no valid\.txt or valid\.txt\.gz"):
+        read_splits(config.data)
+
+
+@pytest.mark.slow
+def test_brown_char_smoke(shared_data, tmp_path):
+    config = make_config(shared_data / "lm/brown_char", tmp_path, level="char",
+                         data={"batch_size": 16, "eval_batch_size": 200, "bptt": 50},
+                         model={"encoder": "gru", "encoder_args": {"hidden_size": 64}, "tie_weights": False})
+    torch.manual_seed(0)
+    task = LMTask(config, read_splits(config.data))
+    assert len(task.vocab) == 85 + 2  # the README's 85 symbols, plus <pad> and <unk>
+    optimizer = torch.optim.Adam(task.model.parameters(), lr=0.01)
+    losses = []
+    for step in task.train_batches(0)[:40]:
+        loss, tokens = task.train_loss(step)
+        assert tokens == 16 * 50
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5
+    dev = task.evaluate("dev")
+    assert dev["bpc"] < 5.0 < math.log2(len(task.vocab))
