@@ -119,8 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bptt", type=int, default=150)
     parser.add_argument("--repeats", type=int, default=2, help="timed training steps per model (median)")
     parser.add_argument("--composition", choices=["sat", "gcn", "cap"], default="cap")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)
     sgemm = [sgemm_flops_per_s()]
