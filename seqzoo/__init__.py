@@ -2,14 +2,25 @@
 
 from seqzoo.base import Encoder, available_encoders, build_encoder, detach_state, register_encoder
 from seqzoo.baselines import GRU, LSTM, TransformerEncoder
+from seqzoo.dtgru import DeepTransitionGRU, LayerNormGRU
+from seqzoo.mzu import MZU
 from seqzoo.poolers import build_pooler
+from seqzoo.qrnn import QRNN
+from seqzoo.stacking import DenseGRU, DenseLSTM, DenseStack
 
 __version__ = "0.1.0"
 
 __all__ = [
     "GRU",
     "LSTM",
+    "MZU",
+    "QRNN",
+    "DeepTransitionGRU",
+    "DenseGRU",
+    "DenseLSTM",
+    "DenseStack",
     "Encoder",
+    "LayerNormGRU",
     "TransformerEncoder",
     "available_encoders",
     "build_encoder",
