@@ -41,6 +41,7 @@ class ClassificationDataConfig:
     name: str = "movie_snippets"
     data_dir: str | None = None  # None = the corpus bundled with seqzoo
     lowercase: bool = True
+    split_hyphens: bool = False  # well-acted -> well - acted (better pretrained-vector coverage)
     min_freq: int = 1
     max_vocab: int | None = None
     max_len: int | None = None  # truncate longer texts (tokens)

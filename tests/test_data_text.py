@@ -77,3 +77,11 @@ def test_vocab_load_rejects_malformed(tmp_path):
         Vocab.load(path)
     with pytest.raises(ValueError, match="duplicate"):
         Vocab(["<pad>", "<unk>", "x", "x"])
+
+
+def test_split_hyphens_option_round_trips():
+    tok = Tokenizer(lowercase=True, split_hyphens=True)
+    assert tok("A well-acted, feel-good film") == ["a", "well", "-", "acted", ",", "feel", "-", "good", "film"]
+    assert Tokenizer()("well-acted") == ["well-acted"]
+    assert Tokenizer.from_dict(tok.to_dict()).split_hyphens
+    assert not Tokenizer.from_dict({"kind": Tokenizer.KIND, "lowercase": True}).split_hyphens

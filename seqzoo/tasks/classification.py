@@ -80,7 +80,7 @@ class ClassificationTask:
                  tokenizer: Tokenizer | None = None, load_embeddings: bool = True) -> None:
         self.config = config
         data: ClassificationDataConfig = config.data
-        self.tokenizer = tokenizer or Tokenizer(lowercase=data.lowercase)
+        self.tokenizer = tokenizer or Tokenizer(lowercase=data.lowercase, split_hyphens=data.split_hyphens)
         tokens = {name: [self._tokens(ex.text) for ex in split] for name, split in splits.items()}
         self.vocab = vocab or Vocab.build(tokens["train"], min_freq=data.min_freq, max_size=data.max_vocab)
         self.labels = labels or LabelSet(ex.label for ex in splits["train"])
