@@ -93,6 +93,7 @@ class OptimConfig:
 @dataclass
 class TrainConfig:
     epochs: int = 10
+    max_steps: int | None = None  # fixed compute budget: stop (after evaluating) once this many steps ran
     batch_size: int = 32
     eval_batch_size: int = 128
     patience: int | None = 3  # early stopping on the dev metric (epochs without improvement)

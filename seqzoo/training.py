@@ -215,6 +215,8 @@ class Trainer:
                 bar.set_postfix(loss=f"{state['loss_sum'] / max(state['loss_tokens'], 1):.4f}", tok_s=f"{rate:,.0f}")
             if cfg.train.checkpoint_every and state["global_step"] % cfg.train.checkpoint_every == 0:
                 self._save_last()
+            if self._budget_spent():
+                break
         bar.close()
         seconds = time.perf_counter() - start
         self._end_epoch(epoch, seconds, tokens_seen)
@@ -247,8 +249,15 @@ class Trainer:
         if patience is not None and state["bad_epochs"] >= patience:
             log.info("early stopping: no dev improvement for %d epochs", patience)
             state["done"] = True
+        if self._budget_spent():
+            log.info("step budget of %d steps spent", cfg.train.max_steps)
+            state["done"] = True
         self._save_last()
         plot_curves(self.metrics_path, self.run_dir / "plots", task.metric)
+
+    def _budget_spent(self) -> bool:
+        budget = self.config.train.max_steps
+        return budget is not None and self.state["global_step"] >= budget
 
     def _step_schedule(self, epoch: int, improved: bool) -> None:
         cfg = self.config.optim

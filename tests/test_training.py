@@ -74,6 +74,15 @@ def test_multi_seed_summary_reports_mean_and_std(toy_corpus, tmp_path):
     assert acc["std"] == pytest.approx(abs(values[0] - values[1]) / 2 ** 0.5)
 
 
+def test_step_budget_stops_mid_epoch_after_evaluating(toy_corpus, tmp_path):
+    config = load_config(_config_yaml(toy_corpus, tmp_path), ["train.max_steps=45", "train.epochs=5"])
+    run(config, tmp_path / "budget")
+    records = _records(tmp_path / "budget")
+    assert [r["event"] for r in records] == ["epoch", "epoch", "test"]  # 30 steps per epoch: stops in epoch 2
+    state = json.loads((tmp_path / "budget/last/train_state.json").read_text())["loop"]
+    assert state["global_step"] == 45 and state["done"]
+
+
 def test_kfold_when_no_test_split(toy_corpus, tmp_path):
     (toy_corpus / "toy.test").unlink()
     config = load_config(_config_yaml(toy_corpus, tmp_path), ["train.epochs=1", "data.folds=3"])
