@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 
 __all__ = [
+    "ABSADataConfig",
     "ClassificationDataConfig",
     "ConfigError",
     "LMDataConfig",
@@ -65,6 +66,23 @@ class LMDataConfig:
 
 
 @dataclass
+class ABSADataConfig:
+    """SemEval-2014 Task 4 aspect-term XML files (:mod:`seqzoo.tasks.absa`)."""
+
+    train: str = ""
+    test: str = ""
+    dev: str | None = None  # None = dev_fraction of the train sentences held out (seed dev_seed)
+    dev_fraction: float = 0.1
+    dev_seed: int = 13  # fixed, so seeds of a multi-seed run share one dev set
+    subset: Literal["ds", "hds"] = "ds"  # evaluation sets (dev and test): all, or the hard sentences
+    lowercase: bool = True
+    min_freq: int = 1
+    embeddings: str | None = None  # GloVe-format text vectors (.txt or .gz)
+    embedding_dim: int = 300
+    freeze_embeddings: bool = False
+
+
+@dataclass
 class ModelConfig:
     encoder: str = "lstm"
     encoder_args: dict[str, Any] = field(default_factory=lambda: {"hidden_size": 128, "bidirectional": True})
@@ -106,16 +124,16 @@ class TrainConfig:
 
 @dataclass
 class RunConfig:
-    task: Literal["classification", "lm"] = "classification"
+    task: Literal["classification", "lm", "absa"] = "classification"
     name: str = "run"
     output_dir: str = "runs"
-    data: ClassificationDataConfig | LMDataConfig = field(default_factory=ClassificationDataConfig)
+    data: ClassificationDataConfig | LMDataConfig | ABSADataConfig = field(default_factory=ClassificationDataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
-_DATA_CONFIGS = {"classification": ClassificationDataConfig, "lm": LMDataConfig}
+_DATA_CONFIGS = {"classification": ClassificationDataConfig, "lm": LMDataConfig, "absa": ABSADataConfig}
 
 
 def _check_value(value: Any, hint: Any, key: str) -> Any:

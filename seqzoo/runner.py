@@ -21,7 +21,11 @@ __all__ = ["completed_test_record", "find_runs", "load_task", "run", "summarize"
 
 log = logging.getLogger("seqzoo")
 
-_TASK_MODULES = {"classification": "seqzoo.tasks.classification", "lm": "seqzoo.tasks.lm"}
+_TASK_MODULES = {
+    "classification": "seqzoo.tasks.classification",
+    "lm": "seqzoo.tasks.lm",
+    "absa": "seqzoo.tasks.absa",
+}
 
 
 def _task_module(task: str) -> Any:

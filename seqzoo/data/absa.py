@@ -16,11 +16,14 @@ gives one :class:`AspectExample` per (sentence, aspect term); sentences without 
 give none, other elements (``aspectCategories``) are ignored. Every ``text[from:to]`` must
 equal ``term``. **DS** is every example; **HDS** (:func:`hard_subset`, after Xue & Li 2018 as
 the MZU paper describes) keeps the sentences whose aspects carry at least two different
-polarities, one copy of the sentence per aspect.
+polarities, one copy of the sentence per aspect. SemEval ships train and test only;
+:func:`hold_out_sentences` draws a dev set from train by whole sentences, so that no sentence
+has aspects on both sides and HDS can be built on the held-out part too.
 """
 
 from __future__ import annotations
 
+import random
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,7 +33,7 @@ from pathlib import Path
 from seqzoo.data.errors import DataError
 from seqzoo.data.io import PathLike, read_text
 
-__all__ = ["POLARITIES", "AspectExample", "hard_subset", "read_semeval2014"]
+__all__ = ["POLARITIES", "AspectExample", "hard_subset", "hold_out_sentences", "read_semeval2014"]
 
 POLARITIES = ("positive", "negative", "neutral", "conflict")
 
@@ -90,6 +93,24 @@ def hard_subset(examples: Sequence[AspectExample]) -> list[AspectExample]:
         if len({e.polarity for e in aspects}) > 1:
             hard.extend(aspects)
     return hard
+
+
+def hold_out_sentences(
+    examples: Sequence[AspectExample], fraction: float, seed: int
+) -> tuple[list[AspectExample], list[AspectExample]]:
+    """Split ``examples`` by sentence into (kept, held_out), e.g. (train, dev); both keep file order.
+
+    The sentences (in file order) are shuffled with ``random.Random(seed)`` and the first
+    ``floor(fraction * n + 0.5)`` of them, with all their aspects, are held out.
+    """
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"fraction must be in (0, 1), got {fraction}")
+    sentences = list(dict.fromkeys(e.index for e in examples))
+    random.Random(seed).shuffle(sentences)
+    held = set(sentences[: int(fraction * len(sentences) + 0.5)])
+    if not held:
+        raise ValueError(f"{len(sentences)} sentences are too few to hold out {fraction:.0%}")
+    return [e for e in examples if e.index not in held], [e for e in examples if e.index in held]
 
 
 def _line_of(content: str, sentence_id: str) -> int | None:

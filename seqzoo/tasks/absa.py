@@ -1,28 +1,56 @@
-"""Aspect-based sentiment model of the MZU paper (after Tang et al. 2016; MODELS.md 4.6).
+"""Aspect-based sentiment recipe of the MZU paper (after Tang et al. 2016; MODELS.md 4.6).
 
-Sentence ids -> embedding -> any registered encoder (the paper: a bidirectional MZU+DT or
-DT-GRU, i.e. ``encoder_args={"bidirectional": True, ...}``) -> mean pooling over the real
-outputs -> concatenated with the aspect embedding (mean of the aspect's word embeddings, from
-the same embedding table) -> linear -> logits over :data:`~seqzoo.data.absa.POLARITIES`
-(softmax in the loss).
+Model: sentence ids -> embedding -> any registered encoder (the paper: a bidirectional MZU+DT
+or DT-GRU, i.e. ``encoder_args={"bidirectional": True, ...}``) -> pooling over the real outputs
+(``model.pooler``, the paper's is mean) -> concatenated with the aspect embedding (mean of the
+aspect's word embeddings, from the same embedding table) -> linear -> logits over
+:data:`~seqzoo.data.absa.POLARITIES` (softmax in the loss).
+
+Data (:class:`~seqzoo.config.ABSADataConfig`): SemEval-2014 Task 4 XML files. SemEval ships
+train and test only, so without ``data.dev`` the dev set is ``data.dev_fraction`` of the train
+*sentences* held out with the fixed ``data.dev_seed`` (all seeds of a run share it).
+``data.subset`` chooses the evaluation sets, as in the paper (after Xue & Li 2018): ``ds`` is
+every aspect term; ``hds`` keeps the sentences whose aspects carry at least two different
+polarities, each copied once per aspect (:func:`~seqzoo.data.absa.hard_subset`). The subset
+applies to dev (model selection) and test; the model always trains on the full train set
+(DS), so a DS run and an HDS run differ only in what they select and report on.
+
+Metric: ``accuracy`` over the evaluation examples (one per aspect term), all four polarities
+(``conflict`` included) as the paper does; the runner reports mean ± std over ``train.seeds``.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqzoo.base import build_encoder
-from seqzoo.data.absa import POLARITIES, AspectExample
-from seqzoo.data.batching import pad_batch
+from seqzoo.config import ABSADataConfig, RunConfig
+from seqzoo.data.absa import POLARITIES, AspectExample, hard_subset, hold_out_sentences, read_semeval2014
+from seqzoo.data.batching import bucket_batches, pad_batch
+from seqzoo.data.embeddings import load_vectors
+from seqzoo.data.errors import DataError
 from seqzoo.data.text import Tokenizer, Vocab
 from seqzoo.poolers import build_pooler
 
-__all__ = ["AspectBatch", "AspectSentimentClassifier", "make_batch"]
+__all__ = [
+    "ABSATask",
+    "AspectBatch",
+    "AspectSentimentClassifier",
+    "build_tasks",
+    "load_splits",
+    "load_trained",
+    "make_batch",
+]
+
+log = logging.getLogger("seqzoo")
 
 
 @dataclass
@@ -55,20 +83,144 @@ class AspectSentimentClassifier(nn.Module):
         encoder_args: dict[str, Any] | None = None,
         num_classes: int = len(POLARITIES),
         dropout: float = 0.0,
+        embedding_dropout: float = 0.0,
+        pooler: str = "mean",
     ) -> None:
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, embedding_dim, padding_idx=0)
+        self.embedding_dropout = nn.Dropout(embedding_dropout)
         self.encoder = build_encoder(encoder, embedding_dim, **(encoder_args or {}))
-        self.sentence_pool = build_pooler("mean", self.encoder.output_size)
+        self.sentence_pool = build_pooler(pooler, self.encoder.output_size, self.encoder.bidirectional)
         self.aspect_pool = build_pooler("mean", embedding_dim)
         self.dropout = nn.Dropout(dropout)
-        self.classifier = nn.Linear(self.encoder.output_size + embedding_dim, num_classes)
+        self.classifier = nn.Linear(self.sentence_pool.output_size + embedding_dim, num_classes)
 
     def forward(self, ids: Tensor, mask: Tensor, aspect_ids: Tensor, aspect_mask: Tensor) -> Tensor:
-        outputs, _ = self.encoder(self.dropout(self.embedding(ids)), mask)  # (B, T, H)
-        sentence = self.sentence_pool(outputs, mask)  # (B, H)
+        outputs, _ = self.encoder(self.embedding_dropout(self.embedding(ids)), mask)  # (B, T, H)
+        sentence = self.sentence_pool(outputs, mask)  # (B, P)
         aspect = self.aspect_pool(self.embedding(aspect_ids), aspect_mask)  # (B, E)
         return self.classifier(self.dropout(torch.cat([sentence, aspect], dim=-1)))
 
     def auxiliary_loss(self) -> Tensor | None:
         return self.encoder.auxiliary_loss()
+
+
+def load_splits(cfg: ABSADataConfig) -> dict[str, list[AspectExample]]:
+    """train (always DS) and dev / test (DS or HDS per ``cfg.subset``); see the module docstring."""
+    for key in ("train", "test"):
+        if not getattr(cfg, key):
+            raise DataError(f"data.{key} is not set: the ABSA recipe needs SemEval-2014 train and test XML files")
+    train = read_semeval2014(cfg.train)
+    if cfg.dev:
+        dev = read_semeval2014(cfg.dev)
+    else:
+        train, dev = hold_out_sentences(train, cfg.dev_fraction, cfg.dev_seed)
+    splits = {"train": train, "dev": dev, "test": read_semeval2014(cfg.test)}
+    if cfg.subset == "hds":
+        splits["dev"], splits["test"] = hard_subset(splits["dev"]), hard_subset(splits["test"])
+    for name, examples in splits.items():
+        if not examples:
+            raise DataError(f"the {name} split has no {cfg.subset.upper()} examples", getattr(cfg, name) or cfg.train)
+    return splits
+
+
+class ABSATask:
+    """The :class:`seqzoo.training.Task` for aspect-term sentiment classification.
+
+    ``vocab``, ``tokenizer`` and ``embedding_dim`` are given when loading a trained model
+    (``embedding_dim`` then skips the vector file: the checkpoint has the embeddings).
+    """
+
+    metric = "accuracy"
+    higher_is_better = True
+
+    def __init__(
+        self,
+        config: RunConfig,
+        splits: dict[str, list[AspectExample]],
+        vocab: Vocab | None = None,
+        tokenizer: Tokenizer | None = None,
+        embedding_dim: int | None = None,
+    ) -> None:
+        self.config = config
+        data: ABSADataConfig = config.data
+        self.splits = splits
+        self.tokenizer = tokenizer or Tokenizer(lowercase=data.lowercase)
+        if vocab is None:
+            train = splits["train"]
+            vocab = Vocab.build([self.tokenizer(e.text) for e in train], min_freq=data.min_freq)
+        self.vocab = vocab
+        dim, vectors = embedding_dim or data.embedding_dim, None
+        if data.embeddings and embedding_dim is None:
+            vectors, stats = load_vectors(data.embeddings, self.vocab)
+            dim = vectors.shape[1]
+            log.info("embeddings %s: %s", data.embeddings, stats)
+        model = config.model
+        self.model = AspectSentimentClassifier(
+            len(self.vocab), dim, model.encoder, model.encoder_args, dropout=model.dropout,
+            embedding_dropout=model.embedding_dropout, pooler=model.pooler,
+        )  # fmt: skip
+        if vectors is not None:
+            with torch.no_grad():
+                self.model.embedding.weight.copy_(vectors)
+        self.model.embedding.weight.requires_grad_(not data.freeze_embeddings)
+
+    def _batch(self, split: str, indices: list[int]) -> AspectBatch:
+        examples = self.splits[split]
+        return make_batch([examples[i] for i in indices], self.vocab, self.tokenizer)
+
+    def _logits(self, batch: AspectBatch) -> Tensor:
+        return self.model(batch.ids, batch.mask, batch.aspect_ids, batch.aspect_mask)
+
+    def _lengths(self, split: str) -> list[int]:
+        return [len(e.text) for e in self.splits[split]]
+
+    def train_batches(self, epoch: int) -> list[list[int]]:
+        seed = self.config.train.seed * 1_000_003 + epoch
+        return bucket_batches(self._lengths("train"), self.config.train.batch_size, shuffle=True, seed=seed)
+
+    def train_loss(self, batch: list[int]) -> tuple[Tensor, int]:
+        data = self._batch("train", batch)
+        loss = F.cross_entropy(self._logits(data), data.labels)
+        aux = self.model.auxiliary_loss()
+        return (loss + aux if aux is not None else loss), int(data.mask.sum())
+
+    @torch.no_grad()
+    def evaluate(self, split: str) -> dict[str, float]:
+        """``accuracy`` and mean cross-entropy ``loss`` over the examples of ``split``, and their number."""
+        was_training = self.model.training
+        self.model.eval()
+        correct, loss_sum = 0, 0.0
+        for indices in bucket_batches(self._lengths(split), self.config.train.eval_batch_size, shuffle=False):
+            data = self._batch(split, indices)
+            logits = self._logits(data)
+            loss_sum += F.cross_entropy(logits, data.labels, reduction="sum").item()
+            correct += int((logits.argmax(-1) == data.labels).sum())
+        self.model.train(was_training)
+        n = len(self.splits[split])
+        return {"accuracy": correct / n, "loss": loss_sum / n, "examples": n}
+
+    def documents(self) -> dict[str, Any]:
+        return {"vocab.json": self.vocab.to_dict(), "tokenizer.json": self.tokenizer.to_dict()}
+
+
+def build_tasks(config: RunConfig) -> list[tuple[str, ABSATask]]:
+    """One task on the files of ``config.data``."""
+    return [("", ABSATask(config, load_splits(config.data)))]
+
+
+def load_trained(config: RunConfig, best: Path, with_data: bool = True) -> ABSATask:
+    """Rebuild a trained model from a ``best/`` checkpoint directory."""
+    from seqzoo.checkpoint import load_tensors
+    from seqzoo.data.io import read_json
+
+    tensors = load_tensors(best / "model.safetensors")
+    task = ABSATask(
+        config,
+        load_splits(config.data) if with_data else {},
+        vocab=Vocab.from_dict(read_json(best / "vocab.json")),
+        tokenizer=Tokenizer.from_dict(read_json(best / "tokenizer.json")),
+        embedding_dim=tensors["embedding.weight"].shape[1],
+    )
+    task.model.load_state_dict(tensors)
+    return task

@@ -1,0 +1,99 @@
+"""The ABSA recipe end to end: the shipped configs run unchanged on the XML fixtures."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from seqzoo.cli import main
+from seqzoo.config import load_config
+from seqzoo.data.absa import hard_subset, hold_out_sentences, read_semeval2014
+from seqzoo.data.errors import DataError
+from seqzoo.tasks.absa import load_splits
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).parent / "fixtures" / "absa"
+CONFIGS = sorted((REPO / "configs").glob("absa_*.yaml"))
+TINY = [
+    "model.encoder_args.hidden_size=8", "train.epochs=2", "train.seeds=[1,2]", "train.batch_size=8",
+    "train.progress=false", "train.checkpoint_every=0",
+]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _single_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def semeval(monkeypatch, tmp_path):
+    """SEMEVAL_DIR -> the fixtures; a tiny GloVe file standing in for the real vectors."""
+    monkeypatch.setenv("SEMEVAL_DIR", str(FIXTURES))
+    glove = tmp_path / "glove.txt"
+    glove.write_text("the 0.1 0.2 0.3 0.4\nfood 0.5 -0.1 0.0 0.2\nservice -0.3 0.1 0.2 0.0\n")
+    return glove
+
+
+def test_hold_out_keeps_sentences_whole():
+    ds = read_semeval2014(FIXTURES / "Restaurants_Train.xml")
+    train, dev = hold_out_sentences(ds, 0.3, seed=13)
+    assert sorted(train + dev, key=ds.index) == ds
+    assert not {e.index for e in train} & {e.index for e in dev}
+    assert hold_out_sentences(ds, 0.3, seed=13) == (train, dev)
+    assert hold_out_sentences(ds, 0.3, seed=14) != (train, dev)
+    assert len({e.index for e in dev}) == round(0.3 * len({e.index for e in ds}))
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
+def test_configs_load_and_read_the_fixtures(config, semeval):
+    cfg = load_config(config)
+    assert cfg.task == "absa" and cfg.data.train.startswith(str(FIXTURES))
+    splits = load_splits(cfg.data)
+    assert {len(s) > 0 for s in splits.values()} == {True}
+
+
+def test_hds_applies_to_dev_and_test_only(semeval):
+    cfg = load_config(CONFIGS[0], ["data.subset=hds"])
+    ds, hds = load_splits(load_config(CONFIGS[0]).data), load_splits(cfg.data)
+    assert hds["train"] == ds["train"]
+    assert hds["dev"] == hard_subset(ds["dev"]) and hds["test"] == hard_subset(ds["test"])
+    assert len(hds["test"]) < len(ds["test"])
+
+
+def test_empty_subset_is_a_clear_error(semeval, tmp_path):
+    easy = tmp_path / "easy.xml"  # a single aspect: no hard sentence
+    easy.write_text(
+        '<sentences><sentence id="1"><text>Great food.</text><aspectTerms>'
+        '<aspectTerm term="food" polarity="positive" from="6" to="10"/></aspectTerms></sentence></sentences>'
+    )
+    cfg = load_config(CONFIGS[0], ["data.subset=hds", f"data.test={easy}"])
+    with pytest.raises(DataError, match=r"easy\.xml: the test split has no HDS examples"):
+        load_splits(cfg.data)
+
+
+@pytest.mark.parametrize(("subset", "test_examples"), [("ds", 13), ("hds", 7)])
+def test_train_two_seeds_then_evaluate(semeval, tmp_path, capsys, subset, test_examples):
+    config = REPO / "configs" / "absa_restaurant_capmzu_dt.yaml"
+    run_dir = tmp_path / "run"
+    overrides = [*TINY, f"data.subset={subset}", f"data.embeddings={semeval}", "model.encoder_args.filter_size=8"]
+    assert main(["train", str(config), "--run-dir", str(run_dir), *(a for o in overrides for a in ("--set", o))]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"test_accuracy: \d+\.\d\d% ± \d+\.\d\d% \(n=2\)", out)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert sorted(summary["runs"]) == ["seed-1", "seed-2"]
+    assert summary["metrics"]["test_examples"]["mean"] == test_examples
+    accuracy = summary["metrics"]["test_accuracy"]
+    assert 0 <= accuracy["mean"] <= 1 and accuracy["std"] >= 0
+
+    assert main(["evaluate", str(run_dir)]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert len(lines) == 2
+    for line in lines:  # the reloaded best checkpoints reproduce the recorded test accuracy
+        seed = Path(line["run"]).name
+        assert line["accuracy"] == pytest.approx(summary["runs"][seed]["test_accuracy"])
+        assert line["examples"] == test_examples
