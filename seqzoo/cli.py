@@ -91,6 +91,21 @@ def _sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plot_zones(args: argparse.Namespace) -> int:
+    from seqzoo.mzu_analysis import plot_zone_relevance, zone_relevance
+    from seqzoo.runner import find_runs, load_task
+
+    runs = find_runs(args.run_dir)
+    if not runs:
+        raise ConfigError(f"{args.run_dir}: no trained model (no best/ checkpoint) below this directory")
+    try:
+        relevance = zone_relevance(load_task(runs[0], with_data=False), args.text, args.depth)
+    except ValueError as err:
+        raise ConfigError(f"{runs[0]}: {err}") from None
+    print(plot_zone_relevance(relevance, args.out, args.last))
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     try:
         module = importlib.import_module(f"seqzoo.bench.{args.name}")
@@ -123,6 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prime", default="", help="text to start from (default: a new line)")
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(func=_sample)
+    zones = sub.add_parser("plot-zones", help="MZU char-LM zone relevance heat maps (MZU paper Figure 3) as PNG")
+    zones.add_argument("run_dir")
+    zones.add_argument("--text", required=True, help="text to read (characters)")
+    zones.add_argument("--out", required=True, help="PNG path")
+    zones.add_argument("--last", type=int, default=5, help="characters whose relevances are shown (default 5)")
+    zones.add_argument("--depth", type=int, default=0, help="candidate of this transition depth (default 0)")
+    zones.set_defaults(func=_plot_zones)
     bench = sub.add_parser("bench", help="benchmarks: seqzoo bench encoders|mzu --help")
     bench.add_argument("name")
     bench.add_argument("rest", nargs=argparse.REMAINDER)

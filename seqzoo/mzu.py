@@ -242,17 +242,26 @@ class MZUTransition(nn.Module):
             bias = torch.cat([b if b is not None else weight.new_zeros(weight.shape[0] // 2) for b in biases])
         return weight[:, : self.input_size], weight[:, self.input_size :], bias
 
+    def zones(self, u: Tensor) -> Tensor:
+        """Unfused zone generation: M_h and M_g each from ``u = [x; h]`` -> ``[zones of M_h | zones of M_g]``."""
+        return torch.cat([self.candidate.generate(u), self.gate.generate(u)], dim=-1)
+
+    def activations(self, pre: Tensor) -> tuple[Tensor, Tensor]:
+        """Candidate ``h̃`` (after dropout) and gate ``g``, both (B, H), from ``pre`` as in :meth:`step`."""
+        zones_h, zones_g = pre.chunk(2, dim=-1)
+        candidate = self.dropout(torch.tanh(self.candidate.head(zones_h)))  # eq. 2 / 16
+        return candidate, torch.sigmoid(self.gate.head(zones_g))  # eq. 3 / 17
+
     def step(self, pre: Tensor, h: Tensor, track_disagreement: bool) -> tuple[Tensor, Tensor | None]:
         """New state from ``pre = [zones of M_h | zones of M_g]`` (B, 2H) and ``h`` (B, H).
 
         Returns ``h_t`` (B, H) and D_zone summed over this cell's M-functions (B,) when tracked.
         """
-        zones_h, zones_g = pre.chunk(2, dim=-1)
-        candidate = self.dropout(torch.tanh(self.candidate.head(zones_h)))  # eq. 2 / 16
-        gate = torch.sigmoid(self.gate.head(zones_g))  # eq. 3 / 17
+        candidate, gate = self.activations(pre)
         h_new = torch.lerp(h, candidate, gate)  # (1 - g) ⊙ h + g ⊙ h̃, eq. 1 / 15
         if not track_disagreement:
             return h_new, None
+        zones_h, zones_g = pre.chunk(2, dim=-1)
         terms = [
             zone_disagreement(zones.unflatten(-1, (m.num_zones, m.zone_size)))
             for zones, m in ((zones_h, self.candidate), (zones_g, self.gate))
@@ -262,8 +271,7 @@ class MZUTransition(nn.Module):
 
     def reference(self, u: Tensor, h: Tensor, track_disagreement: bool = True) -> tuple[Tensor, Tensor | None]:
         """Unfused transcription: M_h and M_g each generate their zones from ``u = [x; h]``."""
-        pre = torch.cat([self.candidate.generate(u), self.gate.generate(u)], dim=-1)
-        return self.step(pre, h, track_disagreement)
+        return self.step(self.zones(u), h, track_disagreement)
 
 
 class MZUCell(nn.Module):
@@ -305,6 +313,26 @@ class MZUCell(nn.Module):
             h, aux = cell.reference(torch.cat([inp, h], dim=-1), h, self.track_disagreement)
             total = aux if total is None else total + aux
         return h, total
+
+    def trace(self, x: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+        """Run ``x`` (T, B, d_x) from ``h`` (B, H) and keep the internals, for analysis (Figure 3).
+
+        Returns the candidate ``h̃`` of every depth (T, L + 1, B, H) (depth 0: the MZU cell that
+        reads ``x_t``; then the t-MZUs) and the state after each step (T, B, H). Unfused and
+        without disagreement; equal to the encoder's outputs.
+        """
+        candidates, states = [], []
+        for x_t in x:
+            per_depth = []
+            for depth in range(self.transition_depth + 1):
+                cell = self.transitions[self._index(depth)]
+                inp = x_t if depth == 0 else x_t.new_zeros(x_t.shape[0], cell.input_size)
+                candidate, gate = cell.activations(cell.zones(torch.cat([inp, h], dim=-1)))
+                h = torch.lerp(h, candidate, gate)
+                per_depth.append(candidate)
+            candidates.append(torch.stack(per_depth))
+            states.append(h)
+        return torch.stack(candidates), torch.stack(states)
 
     def prepare(self, x: Tensor) -> StepFn:
         """Hoist the input half of depth 0's zone generation for all steps: x (T, B, d_x)."""
@@ -386,6 +414,20 @@ class MZU(RecurrentCellEncoder):
         for cell in self.cells:
             cell.track_disagreement = self.disagreement != 0
         return super().forward(x, mask, state)
+
+    def trace(self, x: Tensor, state: State = None) -> tuple[Tensor, Tensor]:
+        """Candidates and states of the top layer for ``x`` (B, T, d_x), no padding (unidirectional only).
+
+        Returns candidates (B, T, L + 1, H), one per depth (see :meth:`MZUCell.trace`), and the
+        states (B, T, H), which equal :meth:`forward`'s outputs.
+        """
+        if self.bidirectional:
+            raise ValueError("trace needs a unidirectional MZU")
+        h0 = x.new_zeros(self.num_layers, x.shape[0], self.hidden_size) if state is None else state
+        inputs = x.transpose(0, 1)
+        for cell, h in zip(self.cells, h0, strict=True):
+            candidates, inputs = cell.trace(inputs, h)
+        return candidates.permute(2, 0, 1, 3), inputs.transpose(0, 1)
 
     def auxiliary_loss(self) -> Tensor | None:
         """``−λ·D`` with D the per-token average of D_zone summed over M-functions (eq. 19)."""

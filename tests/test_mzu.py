@@ -248,3 +248,30 @@ def test_squash_is_finite_at_zero():
     squash(s).sum().backward()
     assert torch.isfinite(s.grad).all()
     assert torch.isfinite(capsule_routing(torch.zeros(1, 2, 3), torch.zeros(4, 3), 2, 3)).all()
+
+
+
+@pytest.mark.parametrize(("depth", "share"), [(0, False), (2, False), (1, True)])
+def test_trace_states_equal_forward(depth, share):
+    torch.manual_seed(0)
+    enc = MZU(5, 8, num_layers=2, composition="cap", transition_depth=depth, share_transition=share).eval()
+    x, state = torch.randn(3, 6, 5), torch.randn(2, 3, 8)
+    candidates, states = enc.trace(x, state)
+    assert candidates.shape == (3, 6, depth + 1, 8)
+    torch.testing.assert_close(states, enc(x, state=state)[0])
+
+
+def test_trace_candidate_is_what_the_state_moves_towards():
+    """h_t − h_{t−1} = g ⊙ (h̃_t − h_{t−1}) with 0 < g < 1: both differences have the same signs."""
+    torch.manual_seed(0)
+    enc = MZU(5, 8, composition="gcn").eval()
+    candidates, states = enc.trace(torch.randn(2, 7, 5))
+    previous = torch.cat([torch.zeros(2, 1, 8), states[:, :-1]], dim=1)
+    step, towards = states - previous, candidates[:, :, 0] - previous
+    assert torch.equal(step.sign(), towards.sign())
+    assert torch.all((step.abs() < towards.abs()) | (towards == 0))
+
+
+def test_trace_refuses_bidirectional():
+    with pytest.raises(ValueError, match="unidirectional"):
+        MZU(4, 8, bidirectional=True).trace(torch.randn(1, 2, 4))

@@ -1,0 +1,102 @@
+"""Zone relevance of a character-level MZU language model (the MZU paper's Figure 3).
+
+For a text ``c_1 … c_T`` read from a zero state (dropout off), the relevance of an earlier
+character ``s`` to character ``t`` (``s < t``) is the cosine between the candidate ``h̃_t``
+computed while reading ``c_t`` and the hidden state ``h_s`` after reading ``c_s``
+(Figure 3(a, b)). With deep transition each step has one candidate per depth; ``depth`` picks
+it (default 0: the MZU cell that reads ``c_t``, the step's transformation of its input).
+The top layer of a stacked MZU is used.
+
+**Per zone** (Figure 3(c)): zone ``k`` of an ``H``-vector is its slice
+``[k·H/N, (k+1)·H/N)``, the layout in which zone generation splits its output into N zones
+(eq. 4); the zone-``k`` relevance is the cosine between those slices of ``h̃_t`` and ``h_s``.
+(``h̃`` and ``h`` are outputs of the M-function's final linear map, so a slice is a fixed
+group of hidden units rather than a zone computed inside M.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from matplotlib.figure import Figure
+from torch import Tensor
+
+from seqzoo.mzu import MZU, MFunction
+from seqzoo.plots import save_figure
+
+__all__ = ["ZoneRelevance", "plot_zone_relevance", "relevance_matrix", "zone_relevance"]
+
+
+@dataclass
+class ZoneRelevance:
+    """``chars`` (T), ``overall`` (T, T) and ``zones`` (N, T, T).
+
+    Entry ``[..., t, s]`` is the relevance of character ``s`` to character ``t`` (NaN for ``s ≥ t``).
+    """
+
+    chars: list[str]
+    overall: Tensor
+    zones: Tensor
+
+
+def relevance_matrix(candidates: Tensor, states: Tensor, num_zones: int = 1) -> Tensor:
+    """Cosines ``[k, t, s] = cos(zone k of candidates[t], zone k of states[s])`` for ``s < t``, else NaN.
+
+    ``candidates`` and ``states`` (T, H); ``num_zones`` N divides H -> (N, T, T).
+    """
+    steps = candidates.shape[0]
+    cand = F.normalize(candidates.unflatten(-1, (num_zones, -1)), dim=-1).transpose(0, 1)  # (N, T, d_z)
+    state = F.normalize(states.unflatten(-1, (num_zones, -1)), dim=-1).transpose(0, 1)
+    cosines = cand @ state.transpose(-1, -2)
+    earlier = torch.ones(steps, steps, dtype=torch.bool).tril(-1)
+    return cosines.masked_fill(~earlier, torch.nan)
+
+
+@torch.no_grad()
+def zone_relevance(task, text: str, depth: int = 0) -> ZoneRelevance:
+    """Relevances for ``text`` under a trained char-level LM task whose encoder is an :class:`~seqzoo.mzu.MZU`."""
+    encoder = task.model.encoder
+    if not isinstance(encoder, MZU):
+        raise ValueError(f"zone relevance needs an MZU encoder, got {type(encoder).__name__}")
+    if task.level != "char":
+        raise ValueError(f"zone relevance reads characters; this model is {task.level}-level")
+    if len(text) < 2:
+        raise ValueError("the text needs at least two characters")
+    was_training = task.model.training
+    task.model.eval()
+    ids = torch.tensor([task.vocab.encode(list(text))])
+    candidates, states = encoder.trace(task.model.embedding(ids))
+    task.model.train(was_training)
+    if not 0 <= depth < candidates.shape[2]:
+        raise ValueError(f"depth must be in [0, {candidates.shape[2] - 1}], got {depth}")
+    cand, state = candidates[0, :, depth], states[0]
+    cell = encoder.cells[-1].transitions[0]
+    zones = next((m.num_zones for m in (cell.candidate, cell.gate) if isinstance(m, MFunction)), 1)  # 1: ablated
+    return ZoneRelevance(list(text), relevance_matrix(cand, state)[0], relevance_matrix(cand, state, zones))
+
+
+def plot_zone_relevance(relevance: ZoneRelevance, path: str | Path, last: int = 5) -> Path:
+    """PNG in the style of Figure 3: the relevance of every earlier character to each of the ``last``
+    characters (top), and per zone for the final character (bottom); grayscale from each panel's
+    lowest (black) to highest (white) cosine, as the colour bars show; blank = no earlier character."""
+    chars = ["_" if c == " " else "\\n" if c == "\n" else c for c in relevance.chars]
+    steps, zones = len(chars), relevance.zones.shape[0]
+    rows = list(range(max(1, steps - last), steps))
+    fig = Figure(figsize=(max(6.0, 0.22 * steps), 1.6 + 0.3 * (len(rows) + zones)))
+    top, bottom = fig.subplots(2, 1, gridspec_kw={"height_ratios": [len(rows), zones]})
+    panels = (
+        (top, relevance.overall[rows], [chars[t] for t in rows], "relevance to each of the last characters"),
+        (bottom, relevance.zones[:, -1], [f"zone{k + 1}" for k in range(zones)], f"per zone, for {chars[-1]!r}"),
+    )
+    for ax, values, labels, title in panels:
+        known = values[~values.isnan()]
+        image = ax.imshow(values.numpy(), cmap="gray", vmin=float(known.min()), vmax=float(known.max()), aspect="auto")
+        ax.set_xticks(range(steps), chars, fontsize=7)
+        ax.set_yticks(range(len(labels)), labels, fontsize=8)
+        ax.set_title(title, fontsize=9)
+        fig.colorbar(image, ax=ax, fraction=0.02, pad=0.01)
+    fig.tight_layout()
+    return save_figure(fig, Path(path))
