@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from seqzoo.checkpoint import resolve_checkpoint
-from seqzoo.config import RunConfig, config_from_dict
-from seqzoo.data.io import write_json
+from seqzoo.config import RunConfig, config_from_dict, config_to_dict
+from seqzoo.data.io import atomic_write_text, write_json
 from seqzoo.training import Trainer, mean_std, set_seed
 
 __all__ = ["completed_test_record", "find_runs", "load_task", "run", "summarize"]
@@ -44,6 +45,9 @@ def completed_test_record(run_dir: Path) -> dict[str, Any] | None:
 def run(config: RunConfig, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
     """Train every (seed, fold) of ``config`` under ``run_dir`` and return the summary."""
     run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    resolved = yaml.safe_dump(config_to_dict(config), sort_keys=False)
+    atomic_write_text(run_dir / "config.yaml", resolved)  # what `seqzoo train --resume` reads
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
     seeds = config.train.seeds or [config.train.seed]

@@ -34,6 +34,7 @@ from tqdm import tqdm
 
 from seqzoo.checkpoint import join_tensors, load_tensors, resolve_checkpoint, save_checkpoint_dir, split_tensors
 from seqzoo.config import OptimConfig, RunConfig, config_to_dict
+from seqzoo.data.io import atomic_write_text
 from seqzoo.plots import plot_curves
 
 __all__ = ["Task", "Trainer", "TrainingError", "build_optimizer", "set_seed"]
@@ -167,7 +168,7 @@ class Trainer:
         """Train (or resume), keep the best dev checkpoint, evaluate it on test; return test metrics."""
         cfg = self.config
         resolved = yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
-        (self.run_dir / "config.yaml").write_text(resolved, encoding="utf-8")
+        atomic_write_text(self.run_dir / "config.yaml", resolved)
         if resume and self._load_last():
             state = self.state
             log.info("resumed %s at epoch %d, step %d", self.run_dir, state["epoch"] + 1, state["step_in_epoch"])

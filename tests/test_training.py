@@ -68,6 +68,9 @@ def test_train_evaluate_predict_cli(toy_corpus, tmp_path, capsys):
 def test_multi_seed_summary_reports_mean_and_std(toy_corpus, tmp_path):
     config = load_config(_config_yaml(toy_corpus, tmp_path), ["train.seeds=[1,2]", "train.epochs=1"])
     summary = run(config, tmp_path / "seeds")
+    # A finished multi-seed run resumes to the same summary without training again.
+    assert main(["train", "--resume", str(tmp_path / "seeds")]) == 0
+    assert json.loads((tmp_path / "seeds/summary.json").read_text()) == json.loads(json.dumps(summary))
     acc = summary["metrics"]["test_accuracy"]
     values = [summary["runs"][f"seed-{s}"]["test_accuracy"] for s in (1, 2)]
     assert acc["n"] == 2 and acc["mean"] == pytest.approx(sum(values) / 2)
