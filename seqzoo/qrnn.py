@@ -2,9 +2,9 @@
 
 Bradbury, Merity, Xiong, Socher. "Quasi-Recurrent Neural Networks". ICLR 2017.
 
-A layer is a causal convolution of width k over time, computed as one matmul over the window
-``[x_{t-k+1}, ..., x_t]`` (eqs. 1-2), followed by elementwise f-, fo- or ifo-pooling (eqs. 3-5)
-through :mod:`seqzoo.kernels` (fused C / Triton kernels with a PyTorch reference). Conventions
+A layer is a causal convolution of width k over time, the matmul of an ``nn.Linear`` over the window
+``[x_{t-k+1}, ..., x_t]`` (eqs. 1-2), followed by elementwise f-, fo- or ifo-pooling (eqs. 3-5),
+both through :func:`seqzoo.kernels.qrnn_layer` (fused C / Triton kernels with a PyTorch reference). Conventions
 (MODELS.md, Decision 1): ``f`` multiplies the OLD state; zoneout (eq. 6) sets ``f = 1`` on a
 random subset of channels during training without rescaling and uses the expectation
 ``f = 1 - (1 - p)(1 - f)`` at evaluation. Densely-connected stacks follow MODELS.md 1.5.
@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from seqzoo.base import Encoder, State, check_mask, lengths_from_mask, register_encoder
-from seqzoo.kernels import POOLINGS, qrnn_pool
+from seqzoo.kernels import POOLINGS, qrnn_layer
 
 __all__ = ["QRNN", "QRNNLayer"]
 
@@ -66,23 +66,21 @@ class QRNNLayer(nn.Module):
         if x_tail is None:
             x_tail = x.new_zeros(batch, k - 1, self.input_size)
         if k == 1:
-            windows, padded = x, x  # (B, T, n)
+            padded = x  # (B, T + k - 1, n): window t is padded[:, t : t + k]
         elif self.reverse:  # look-ahead window; frames past a row's end are zeros, as for the row alone
             real = torch.arange(time, device=x.device) < lengths.unsqueeze(1)
             padded = torch.cat([x * real.unsqueeze(-1), x.new_zeros(batch, k - 1, self.input_size)], 1)
-            windows = torch.cat([padded[:, j : j + time] for j in range(k)], -1)  # (B, T, k*n)
         else:  # masked convolution: [x_{t-k+1}, ..., x_t], the first frames from the previous chunk
-            padded = torch.cat([x_tail, x], 1)  # (B, k-1+T, n)
-            windows = torch.cat([padded[:, j : j + time] for j in range(k)], -1)  # (B, T, k*n)
-        gates = self.linear(windows).view(batch, time, POOLINGS[self.pooling], self.hidden_size)  # (B, T, G, H)
+            padded = torch.cat([x_tail, x], 1)
         keep, keep_prob = None, 1.0
         if self.zoneout > 0:  # eq. 6
             if self.training:
                 keep = torch.rand(batch, time, self.hidden_size, device=x.device) >= self.zoneout
             else:
                 keep_prob = 1.0 - self.zoneout
-        h, c_last = qrnn_pool(
-            gates, lengths, c0, pooling=self.pooling, keep=keep, keep_prob=keep_prob, reverse=self.reverse
+        h, c_last = qrnn_layer(
+            padded, self.linear.weight, self.linear.bias, lengths, c0,
+            pooling=self.pooling, keep=keep, keep_prob=keep_prob, reverse=self.reverse,
         )
         return h, c_last, self._last_inputs(padded, lengths, x_tail)
 

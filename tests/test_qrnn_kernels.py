@@ -10,7 +10,14 @@ import warnings
 import pytest
 import torch
 
-from seqzoo.kernels.qrnn_pool import POOLINGS, pool_backend, qrnn_pool, qrnn_pool_compiled, qrnn_pool_reference
+from seqzoo.kernels.qrnn_pool import (
+    POOLINGS,
+    pool_backend,
+    qrnn_layer,
+    qrnn_pool,
+    qrnn_pool_compiled,
+    qrnn_pool_reference,
+)
 
 pool_module = importlib.import_module("seqzoo.kernels.qrnn_pool")  # the package re-exports a function of that name
 needs_compiled = pytest.mark.skipif(pool_backend() != "compiled", reason="compiled kernel not built")
@@ -125,3 +132,52 @@ def test_triton_on_gpu_matches_reference(pooling):
     ref = _values_and_grads(qrnn_pool_reference, gates, lengths, c0, kwargs, reverse=False)
     for a, b in zip(fast, ref, strict=True):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+def _layer_inputs(window: int, pooling: str, dtype: torch.dtype = torch.float32, shape=(4, 9, 6, 5)):
+    gen = torch.Generator().manual_seed(window)
+    batch, time, n, hidden = shape
+    x_pad = torch.randn(batch, time + window - 1, n, generator=gen, dtype=dtype)
+    weight = torch.randn(POOLINGS[pooling] * hidden, window * n, generator=gen, dtype=dtype)
+    bias = torch.randn(POOLINGS[pooling] * hidden, generator=gen, dtype=dtype)
+    c0 = torch.randn(batch, hidden, generator=gen, dtype=dtype)
+    lengths = torch.tensor([time, time // 2, 0, 1][:batch])
+    return [t.requires_grad_(True) for t in (x_pad, weight, bias, c0)], lengths
+
+
+@needs_compiled
+@pytest.mark.parametrize(("window", "pooling", "zoneout", "reverse"),
+                         [(1, "fo", "none", False), (2, "fo", "train", True), (3, "ifo", "eval", False),
+                          (2, "f", "none", False)])
+def test_compiled_layer_matches_reference(monkeypatch, window, pooling, zoneout, reverse):
+    """The fused convolution + pooling == concatenated windows + F.linear + reference pooling."""
+    (x_pad, weight, bias, c0), lengths = _layer_inputs(window, pooling)
+    _, _, _, kwargs = _inputs(pooling, zoneout, shape=(4, 9, 5))
+    results = []
+    for backend in ("auto", "reference"):
+        monkeypatch.setenv("SEQZOO_QRNN_BACKEND", backend)
+        h, c = qrnn_layer(x_pad, weight, bias, lengths, c0, reverse=reverse, **kwargs)
+        loss = (h * torch.linspace(-1, 1, h.numel()).view_as(h)).sum() + c.square().sum()
+        results.append((h, c, *torch.autograd.grad(loss, (x_pad, weight, bias, c0))))
+    for name, a, b in zip(("h", "c_last", "d_x", "d_weight", "d_bias", "d_c0"), *results, strict=True):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), f"{name}: max diff {(a - b).abs().max():.3g}"
+
+
+@needs_compiled
+@pytest.mark.parametrize("window", [1, 2])
+def test_gradcheck_compiled_layer_float64(window):
+    (x_pad, weight, bias, c0), lengths = _layer_inputs(window, "fo", torch.float64, shape=(3, 4, 3, 2))
+    keep = torch.rand(3, 4, 2, generator=torch.Generator().manual_seed(0)) >= 0.3
+    for reverse in (False, True):
+        layer = functools.partial(qrnn_layer, lengths=lengths, keep=keep, reverse=reverse)
+        assert torch.autograd.gradcheck(lambda x, w, b, c, f=layer: f(x, w, b, c0=c), (x_pad, weight, bias, c0))
+
+
+@needs_compiled
+def test_compiled_layer_backward_twice_recomputes_its_gate_buffer():
+    (x_pad, weight, bias, c0), lengths = _layer_inputs(2, "fo")
+    h, _ = qrnn_layer(x_pad, weight, bias, lengths, c0)
+    first = torch.autograd.grad(h.sum(), (x_pad, weight, bias, c0), retain_graph=True)
+    second = torch.autograd.grad(h.sum(), (x_pad, weight, bias, c0))
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a, b)

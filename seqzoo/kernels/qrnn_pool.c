@@ -7,7 +7,10 @@
  * AVX-512 / AVX2 clones picked at load time); float64 uses libm and exists for gradcheck.
  *
  * Layouts (row-major, contiguous):
- *   gates   (B, T, G, H) pre-activations, G = 2 (z, f), 3 (z, f, o) or 4 (z, f, o, i)
+ *   gates   (B, gate_time, G, H) pre-activations less the bias, G = 2 (z, f), 3 (z, f, o) or 4 (z, f, o, i);
+ *           rows t >= T are not read (a QRNN layer's convolution output has k - 1 spare rows per
+ *           batch row); the backward overwrites them with their gradients
+ *   bias    (G, H) added to the gates, or NULL; dbias (B, G, H) per-row sums of dgates
  *   lengths (B,) int64, real tokens per row (right-padded); pads leave the state unchanged
  *   keep    (B, T, H) uint8 zoneout keep mask or NULL; keep_prob scales 1 - f (eval expectation)
  *   h, c_all (B, T, H); c0, c_last, dc_last, dc0 (B, H); c0 / dc_last may be NULL (zeros)
@@ -22,12 +25,12 @@ enum { POOL_F = 0, POOL_FO = 1, POOL_IFO = 2 };
 #define BLOCK 256 /* channels per work item: long contiguous rows per step keep the prefetchers streaming */
 
 typedef struct {
-    const void *gates, *c0, *c_all, *dh, *dc_last;
+    const void *gates, *bias, *c0, *c_all, *dh, *dc_last;
     const int64_t *lengths;
     const uint8_t *keep;
     double keep_prob;
-    void *h, *c_last, *dgates, *dc0, *c_all_out;
-    int64_t batch, time, hidden;
+    void *h, *c_last, *dbias, *dc0, *c_all_out;
+    int64_t batch, time, gate_time, hidden;
     int pooling, reverse;
 } Args;
 
@@ -110,21 +113,23 @@ static int run_parallel(item_fn fn, const Args *args, int nthreads) {
 }
 
 /* dtype: 0 = float32, 1 = float64. Returns 0 on success. */
-int qrnn_pool_forward(int dtype, const void *gates, const int64_t *lengths, const void *c0, const uint8_t *keep,
-                      double keep_prob, int64_t batch, int64_t time, int64_t hidden, int pooling, int reverse,
-                      void *h, void *c_all, void *c_last, int nthreads) {
-    const Args args = {.gates = gates, .c0 = c0, .lengths = lengths, .keep = keep, .keep_prob = keep_prob,
-                       .h = h, .c_all_out = c_all, .c_last = c_last, .batch = batch, .time = time,
-                       .hidden = hidden, .pooling = pooling, .reverse = reverse};
+int qrnn_pool_forward(int dtype, const void *gates, int64_t gate_time, const void *bias, const int64_t *lengths,
+                      const void *c0, const uint8_t *keep, double keep_prob, int64_t batch, int64_t time,
+                      int64_t hidden, int pooling, int reverse, void *h, void *c_all, void *c_last, int nthreads) {
+    const Args args = {.gates = gates, .bias = bias, .c0 = c0, .lengths = lengths, .keep = keep,
+                       .keep_prob = keep_prob, .h = h, .c_all_out = c_all, .c_last = c_last, .batch = batch,
+                       .time = time, .gate_time = gate_time, .hidden = hidden, .pooling = pooling,
+                       .reverse = reverse};
     return run_parallel(dtype == 0 ? forward_f32 : forward_f64, &args, nthreads);
 }
 
-int qrnn_pool_backward(int dtype, const void *gates, const int64_t *lengths, const void *c0, const uint8_t *keep,
-                       double keep_prob, int64_t batch, int64_t time, int64_t hidden, int pooling, int reverse,
-                       const void *c_all, const void *dh, const void *dc_last, void *dgates, void *dc0,
-                       int nthreads) {
-    const Args args = {.gates = gates, .c0 = c0, .lengths = lengths, .keep = keep, .keep_prob = keep_prob,
-                       .c_all = c_all, .dh = dh, .dc_last = dc_last, .dgates = dgates, .dc0 = dc0,
-                       .batch = batch, .time = time, .hidden = hidden, .pooling = pooling, .reverse = reverse};
+int qrnn_pool_backward(int dtype, void *gates, int64_t gate_time, const void *bias, const int64_t *lengths,
+                       const void *c0, const uint8_t *keep, double keep_prob, int64_t batch, int64_t time,
+                       int64_t hidden, int pooling, int reverse, const void *c_all, const void *dh,
+                       const void *dc_last, void *dbias, void *dc0, int nthreads) {
+    const Args args = {.gates = gates, .bias = bias, .c0 = c0, .lengths = lengths, .keep = keep,
+                       .keep_prob = keep_prob, .c_all = c_all, .dh = dh, .dc_last = dc_last,
+                       .dbias = dbias, .dc0 = dc0, .batch = batch, .time = time, .gate_time = gate_time,
+                       .hidden = hidden, .pooling = pooling, .reverse = reverse};
     return run_parallel(dtype == 0 ? backward_f32 : backward_f64, &args, nthreads);
 }

@@ -27,12 +27,15 @@ import functools
 import os
 import sysconfig
 import warnings
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
+from torch.nn import functional as F
 
-__all__ = ["POOLINGS", "pool_backend", "qrnn_pool", "qrnn_pool_compiled", "qrnn_pool_reference"]
+__all__ = ["POOLINGS", "pool_backend", "qrnn_layer", "qrnn_pool", "qrnn_pool_compiled", "qrnn_pool_reference"]
 
 #: Number of gate blocks per pooling type: z, f (, o (, i)).
 POOLINGS = {"f": 2, "fo": 3, "ifo": 4}
@@ -85,7 +88,7 @@ def _compiled_library() -> ctypes.CDLL | str:
     except OSError as err:
         return f"cannot load {path.name} ({err}); reinstall seqzoo with a C compiler to build it"
     ptr, i64, c_int, c_double = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
-    common = [c_int, ptr, ptr, ptr, ptr, c_double, i64, i64, i64, c_int, c_int]
+    common = [c_int, ptr, i64, ptr, ptr, ptr, ptr, c_double, i64, i64, i64, c_int, c_int]
     lib.qrnn_pool_forward.argtypes = [*common, ptr, ptr, ptr, c_int]
     lib.qrnn_pool_backward.argtypes = [*common, ptr, ptr, ptr, ptr, ptr, c_int]
     lib.qrnn_pool_forward.restype = lib.qrnn_pool_backward.restype = c_int
@@ -96,44 +99,77 @@ def _ptr(t: Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _kernel_args(gates: Tensor, lengths: Tensor, c0: Tensor | None, keep: Tensor | None, keep_prob: float,
-                 pooling: str, reverse: bool) -> tuple:
-    """The arguments the forward and backward C functions share."""
-    batch, time, _, hidden = gates.shape
-    return (_DTYPE_CODE[gates.dtype], _ptr(gates), _ptr(lengths), _ptr(c0), _ptr(keep), keep_prob,
-            batch, time, hidden, _POOL_CODE[pooling], int(reverse))
+@dataclass(frozen=True)
+class _Kernel:
+    """One fused pooling problem, as the C forward and backward functions take it.
+
+    ``gates`` holds row ``b * gate_time + t`` for step t of batch row b (``gate_time >= time``),
+    ``G * hidden`` values each, without ``bias`` (G*H,) when one is given.
+    """
+
+    gates: Tensor
+    gate_time: int
+    bias: Tensor | None
+    lengths: Tensor
+    c0: Tensor | None
+    keep: Tensor | None
+    keep_prob: float
+    pooling: str
+    reverse: bool
+    shape: tuple[int, int, int]  # batch, time, hidden
+
+    def _args(self) -> tuple:
+        return (_DTYPE_CODE[self.gates.dtype], _ptr(self.gates), self.gate_time, _ptr(self.bias), _ptr(self.lengths),
+                _ptr(self.c0), _ptr(self.keep), self.keep_prob, *self.shape, _POOL_CODE[self.pooling],
+                int(self.reverse))
+
+    def forward(self, save_cells: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+        """h (B, T, H), c_last (B, H) and, if ``save_cells``, every step's cell state (B, T, H)."""
+        batch, time, hidden = self.shape
+        h = self.gates.new_empty(batch, time, hidden)
+        c_last = self.gates.new_empty(batch, hidden)
+        c_all = self.gates.new_empty(batch, time, hidden) if save_cells else None
+        if _compiled_library().qrnn_pool_forward(*self._args(), _ptr(h), _ptr(c_all), _ptr(c_last),
+                                                 torch.get_num_threads()) != 0:
+            raise RuntimeError("qrnn_pool_forward: could not start worker threads")
+        return h, c_last, c_all
+
+    def backward(self, c_all: Tensor, dh: Tensor, dc_last: Tensor) -> tuple[Tensor, Tensor]:
+        """Overwrites ``gates`` with d(gates); returns d(bias) and d(c0)."""
+        batch, _, hidden = self.shape
+        dbias = self.gates.new_empty(batch, POOLINGS[self.pooling] * hidden)  # per batch row
+        dc0 = self.gates.new_empty(batch, hidden)
+        dh, dc_last = dh.contiguous(), dc_last.contiguous()
+        outs = (_ptr(c_all), _ptr(dh), _ptr(dc_last), _ptr(dbias), _ptr(dc0))
+        if _compiled_library().qrnn_pool_backward(*self._args(), *outs, torch.get_num_threads()) != 0:
+            raise RuntimeError("qrnn_pool_backward: could not start worker threads")
+        return dbias.sum(0), dc0
 
 
 class _CompiledPool(torch.autograd.Function):
-    """Fused forward and backward through the C kernel."""
+    """Fused pooling forward and backward through the C kernel."""
 
     @staticmethod
     def forward(ctx, gates, lengths, c0, keep, keep_prob, pooling, reverse):
-        lib = _compiled_library()
         batch, time, _, hidden = gates.shape
-        h = gates.new_empty(batch, time, hidden)
-        c_last = gates.new_empty(batch, hidden)
-        needs_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[2]
-        c_all = gates.new_empty(batch, time, hidden) if needs_grad else None  # saved for the backward
-        args = _kernel_args(gates, lengths, c0, keep, keep_prob, pooling, reverse)
-        if lib.qrnn_pool_forward(*args, _ptr(h), _ptr(c_all), _ptr(c_last), torch.get_num_threads()) != 0:
-            raise RuntimeError("qrnn_pool_forward: could not start worker threads")
-        ctx.config = (keep_prob, pooling, reverse)
-        ctx.save_for_backward(gates, lengths, c0, keep, c_all)
+        ctx.kernel = _Kernel(gates, time, None, lengths, c0, keep, keep_prob, pooling, reverse, (batch, time, hidden))
+        h, c_last, c_all = ctx.kernel.forward(save_cells=any(ctx.needs_input_grad))
+        ctx.save_for_backward(c_all)
         return h, c_last
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dh, dc_last):
-        gates, lengths, c0, keep, c_all = ctx.saved_tensors
-        dh, dc_last = dh.contiguous(), dc_last.contiguous()
-        dgates = torch.empty_like(gates)
-        dc0 = torch.empty_like(dc_last)
-        args = _kernel_args(gates, lengths, c0, keep, *ctx.config)
-        outs = (_ptr(c_all), _ptr(dh), _ptr(dc_last), _ptr(dgates), _ptr(dc0))
-        status = _compiled_library().qrnn_pool_backward(*args, *outs, torch.get_num_threads())
-        if status != 0:
-            raise RuntimeError("qrnn_pool_backward: could not start worker threads")
+        dgates = ctx.kernel.gates.clone()  # the kernel overwrites its gates with their gradients
+        _, dc0 = replace(ctx.kernel, gates=dgates).backward(*ctx.saved_tensors, dh, dc_last)
         return dgates, None, dc0 if ctx.needs_input_grad[2] else None, None, None, None, None
+
+
+def _compiled_inputs(x: Tensor, lengths: Tensor, c0: Tensor | None, keep: Tensor | None) -> tuple:
+    """x, lengths, c0, keep as the C kernel reads them (contiguous; int64, x's dtype, uint8)."""
+    c0 = None if c0 is None else c0.to(x.dtype).contiguous()
+    keep = None if keep is None else keep.to(torch.uint8).contiguous()
+    return x.contiguous(), lengths.to(torch.int64).contiguous(), c0, keep
 
 
 def qrnn_pool_compiled(
@@ -152,11 +188,106 @@ def qrnn_pool_compiled(
         raise RuntimeError(lib)
     if gates.is_cuda or gates.dtype not in _DTYPE_CODE:
         raise RuntimeError(f"the compiled pooling runs float32/float64 on CPU, got {gates.dtype} on {gates.device}")
-    gates = gates.contiguous()
-    lengths = lengths.to(torch.int64).contiguous()
-    c0 = None if c0 is None else c0.to(gates.dtype).contiguous()
-    keep = None if keep is None else keep.to(torch.uint8).contiguous()
+    gates, lengths, c0, keep = _compiled_inputs(gates, lengths, c0, keep)
     return _CompiledPool.apply(gates, lengths, c0, keep, float(keep_prob), pooling, reverse)
+
+
+class _CompiledLayer(torch.autograd.Function):
+    """A QRNN layer direction: the convolution as k accumulated matmuls into one gate buffer, then the
+    fused pooling (bias added there). The backward writes d(gates) over that buffer; a second
+    backward through the same graph (``retain_graph``) recomputes it first."""
+
+    @staticmethod
+    def forward(ctx, x_pad, weight, bias, lengths, c0, keep, keep_prob, pooling, reverse):
+        kernel = _layer_kernel(x_pad, weight, bias, lengths, c0, keep, keep_prob, pooling, reverse)
+        h, c_last, c_all = kernel.forward(save_cells=True)
+        ctx.kernel, ctx.gates_spent = kernel, False
+        ctx.save_for_backward(x_pad, weight, c_all)
+        return h, c_last
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dh, dc_last):
+        x_pad, weight, c_all = ctx.saved_tensors
+        kernel = replace(ctx.kernel, gates=_convolve(x_pad, weight)) if ctx.gates_spent else ctx.kernel
+        ctx.gates_spent = True
+        dbias, dc0 = kernel.backward(c_all, dh, dc_last)
+        dgates = kernel.gates  # (rows, G*H), overwritten in place
+        rows, taps = x_pad.view(-1, x_pad.shape[-1]), weight.split(x_pad.shape[-1], 1)  # taps: (G*H, n) each
+        count = dgates.shape[0]
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            dx = torch.empty_like(rows)
+            torch.mm(dgates, taps[0], out=dx[:count])
+            dx[count:].zero_()
+            for j, tap in enumerate(taps[1:], 1):
+                dx[j : j + count].addmm_(dgates, tap)
+            dx = dx.view_as(x_pad)
+        if ctx.needs_input_grad[1]:
+            dw = torch.empty_like(weight)
+            for j, piece in enumerate(dw.split(x_pad.shape[-1], 1)):
+                torch.mm(dgates.t(), rows[j : j + count], out=piece)
+        needs = ctx.needs_input_grad
+        return dx, dw, dbias if needs[2] else None, None, dc0 if needs[4] else None, None, None, None, None
+
+
+def _convolve(x_pad: Tensor, weight: Tensor) -> Tensor:
+    """The convolution of ``x_pad`` (B, T + k - 1, n) as one buffer (B (T + k - 1) - k + 1, G*H).
+
+    Flattened to rows, window (b, t) is rows b (T + k - 1) + t + j, j < k, so the convolution is a
+    sum over taps W_j of one matmul on a shifted row range each, with no window copies; row
+    b (T + k - 1) + t holds step t of batch row b, and the k - 1 rows that straddle two batch rows
+    are spare.
+    """
+    rows, taps = x_pad.view(-1, x_pad.shape[-1]), weight.split(x_pad.shape[-1], 1)
+    count = rows.shape[0] - len(taps) + 1
+    gates = torch.mm(rows[:count], taps[0].t())
+    for j, tap in enumerate(taps[1:], 1):
+        gates.addmm_(rows[j : j + count], tap.t())
+    return gates
+
+
+def _layer_kernel(x_pad, weight, bias, lengths, c0, keep, keep_prob, pooling, reverse) -> _Kernel:
+    batch, padded_time, n = x_pad.shape
+    shape = (batch, padded_time - weight.shape[1] // n + 1, weight.shape[0] // POOLINGS[pooling])
+    return _Kernel(_convolve(x_pad, weight), padded_time, bias, lengths, c0, keep, keep_prob, pooling, reverse, shape)
+
+
+def qrnn_layer(
+    x_pad: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    lengths: Tensor,
+    c0: Tensor | None = None,
+    *,
+    pooling: str = "fo",
+    keep: Tensor | None = None,
+    keep_prob: float = 1.0,
+    reverse: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """A QRNN layer direction: the width-k convolution (eqs. 1-2) followed by :func:`qrnn_pool`.
+
+    ``x_pad`` (B, T + k - 1, n) is the input with the k - 1 frames the windows reach beyond it
+    (window t is ``x_pad[:, t : t + k]``); ``weight`` (G*H, k*n) and ``bias`` (G*H,) are the
+    taps of an ``nn.Linear`` over the flattened window, gates in the order z, f, o, i. The
+    compiled backend fuses the convolution into the pooling's buffers (no window copies); the
+    other backends concatenate the windows and run one ``F.linear``.
+    """
+    batch, padded_time, n = x_pad.shape
+    window = weight.shape[1] // n
+    time = padded_time - window + 1
+    kwargs = {"pooling": pooling, "keep": keep, "keep_prob": keep_prob, "reverse": reverse}
+    if pool_backend(x_pad.device, x_pad.dtype) != "compiled":
+        windows = torch.cat([x_pad[:, j : j + time] for j in range(window)], -1) if window > 1 else x_pad
+        gates = F.linear(windows, weight, bias).view(batch, time, POOLINGS[pooling], -1)  # (B, T, G, H)
+        return qrnn_pool(gates, lengths, c0, **kwargs)
+    x_pad, lengths, c0, keep = _compiled_inputs(x_pad, lengths, c0, keep)
+    args = (x_pad, weight, bias, lengths, c0, keep, float(keep_prob), pooling, reverse)
+    tracked = [t for t in (x_pad, weight, bias, c0) if t is not None]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tracked):
+        return _CompiledLayer.apply(*args)
+    h, c_last, _ = _layer_kernel(*args).forward(save_cells=False)
+    return h, c_last
 
 
 def pool_backend(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> str:

@@ -11,52 +11,63 @@ static inline SCALAR FN(tanh)(SCALAR x) { return 1 - 2 / (EXP(2 * x) + 1); }
 /* Zoneout scale of 1 - f (eq. 6): the keep mask in training, keep_prob (1 - p) at evaluation. */
 #define SCALE(j) (has_keep ? kp * keep[j] : kp)
 
-/* One time step of the forward recurrence for n channels; c is the running state. */
+/* One time step of the forward recurrence for n channels; c is the running state, b the bias. */
 static ALWAYS_INLINE void FN(forward_step)(int pooling, int has_keep, int64_t n, int64_t H, const SCALAR *restrict gz,
-                                           const uint8_t *restrict keep, SCALAR kp, SCALAR *restrict c,
-                                           SCALAR *restrict h) {
+                                           const SCALAR *restrict b, const uint8_t *restrict keep, SCALAR kp,
+                                           SCALAR *restrict c, SCALAR *restrict h) {
     const SCALAR *gf = gz + H, *go = gz + 2 * H, *gi = gz + 3 * H;
+    const SCALAR *bf = b + BLOCK, *bo = b + 2 * BLOCK, *bi = b + 3 * BLOCK;
     for (int64_t j = 0; j < n; j++) {
-        const SCALAR z = FN(tanh)(gz[j]);                          /* eq. 1 */
-        const SCALAR leak = (1 - FN(sigmoid)(gf[j])) * SCALE(j);   /* 1 - f after zoneout, eq. 6 */
+        const SCALAR z = FN(tanh)(gz[j] + b[j]);                        /* eq. 1 */
+        const SCALAR leak = (1 - FN(sigmoid)(gf[j] + bf[j])) * SCALE(j); /* 1 - f after zoneout, eq. 6 */
         if (pooling == POOL_IFO) {
-            c[j] = (1 - leak) * c[j] + FN(sigmoid)(gi[j]) * z;     /* eq. 5 */
+            c[j] = (1 - leak) * c[j] + FN(sigmoid)(gi[j] + bi[j]) * z;  /* eq. 5 */
         } else {
-            c[j] += leak * (z - c[j]);                             /* eqs. 3-4: f c + (1 - f) z */
+            c[j] += leak * (z - c[j]);                                   /* eqs. 3-4: f c + (1 - f) z */
         }
-        h[j] = pooling == POOL_F ? c[j] : FN(sigmoid)(go[j]) * c[j];
+        h[j] = pooling == POOL_F ? c[j] : FN(sigmoid)(go[j] + bo[j]) * c[j];
     }
 }
 
-/* One time step of the backward recurrence: writes d(gates) and turns dc = dL/dc_t into dL/dc_{t-1}. */
-static ALWAYS_INLINE void FN(backward_step)(int pooling, int has_keep, int64_t n, int64_t H, const SCALAR *restrict gz,
-                                            const uint8_t *restrict keep, SCALAR kp, const SCALAR *restrict c,
-                                            const SCALAR *restrict cp, const SCALAR *restrict dh,
-                                            SCALAR *restrict dc, SCALAR *restrict dz) {
-    const SCALAR *gf = gz + H, *go = gz + 2 * H, *gi = gz + 3 * H;
-    SCALAR *df = dz + H, *d_o = dz + 2 * H, *di = dz + 3 * H;
+/* One time step of the backward recurrence: overwrites the step's gates g with their gradients, adds
+ * those to db, and turns dc = dL/dc_t into dL/dc_{t-1}. */
+static ALWAYS_INLINE void FN(backward_step)(int pooling, int has_keep, int64_t n, int64_t H, SCALAR *restrict g,
+                                            const SCALAR *restrict b, const uint8_t *restrict keep, SCALAR kp,
+                                            const SCALAR *restrict c, const SCALAR *restrict cp,
+                                            const SCALAR *restrict dh, SCALAR *restrict dc, SCALAR *restrict db) {
+    SCALAR *gz = g, *gf = g + H, *go = g + 2 * H, *gi = g + 3 * H;
+    const SCALAR *bf = b + BLOCK, *bo = b + 2 * BLOCK, *bi = b + 3 * BLOCK;
+    SCALAR *dbf = db + BLOCK, *dbo = db + 2 * BLOCK, *dbi = db + 3 * BLOCK;
     for (int64_t j = 0; j < n; j++) {
-        const SCALAR z = FN(tanh)(gz[j]), f = FN(sigmoid)(gf[j]);
+        const SCALAR z = FN(tanh)(gz[j] + b[j]), f = FN(sigmoid)(gf[j] + bf[j]);
         const SCALAR scale = SCALE(j), leak = (1 - f) * scale;
         SCALAR dct = dc[j];
         if (pooling == POOL_F) {
             dct += dh[j];
         } else {
-            const SCALAR o = FN(sigmoid)(go[j]);
-            d_o[j] = dh[j] * c[j] * o * (1 - o);
+            const SCALAR o = FN(sigmoid)(go[j] + bo[j]);
+            const SCALAR dot = dh[j] * c[j] * o * (1 - o);
+            go[j] = dot;
+            dbo[j] += dot;
             dct += dh[j] * o;
         }
-        SCALAR dzt;
+        SCALAR dzt, dft;
         if (pooling == POOL_IFO) {
-            const SCALAR i = FN(sigmoid)(gi[j]);
-            di[j] = dct * z * i * (1 - i);
+            const SCALAR i = FN(sigmoid)(gi[j] + bi[j]);
+            const SCALAR dit = dct * z * i * (1 - i);
+            gi[j] = dit;
+            dbi[j] += dit;
             dzt = dct * i;
-            df[j] = dct * cp[j] * scale * f * (1 - f);
+            dft = dct * cp[j] * scale * f * (1 - f);
         } else {
             dzt = dct * leak;
-            df[j] = -dct * (z - cp[j]) * scale * f * (1 - f);
+            dft = -dct * (z - cp[j]) * scale * f * (1 - f);
         }
-        dz[j] = dzt * (1 - z * z);
+        dzt *= 1 - z * z;
+        gz[j] = dzt;
+        gf[j] = dft;
+        db[j] += dzt;
+        dbf[j] += dft;
         dc[j] = dct * (1 - leak);
     }
 }
@@ -72,17 +83,24 @@ static ALWAYS_INLINE void FN(backward_step)(int pooling, int has_keep, int64_t n
         }                                                                           \
     } while (0)
 
-/* Work item = batch row b, channels [j0, j0 + n); steps s = 0..len-1 visit time len-1-s if reverse. */
+/* Work item = batch row b, channels [j0, j0 + n); steps s = 0..len-1 visit time len-1-s if reverse.
+ * Gate rows are b * gate_time + t (gate_time >= T: a QRNN layer's matmul output has k - 1 spare
+ * rows per batch row); every other (B, T, ...) tensor has rows b * T + t. */
 #define ITEM_SETUP                                                                  \
     const int64_t H = a->hidden, T = a->time, nblk = (H + BLOCK - 1) / BLOCK;       \
     const int64_t b = item / nblk, j0 = (item % nblk) * BLOCK;                      \
     const int64_t n = H - j0 < BLOCK ? H - j0 : BLOCK, len = a->lengths[b];          \
     const int G = a->pooling == POOL_F ? 2 : a->pooling == POOL_FO ? 3 : 4;         \
     const SCALAR kp = (SCALAR)a->keep_prob;                                         \
-    SCALAR zeros[BLOCK] = {0};                                                      \
-    const SCALAR *c0 = a->c0 ? (const SCALAR *)a->c0 + b * H + j0 : zeros;
+    SCALAR zeros[BLOCK] = {0}, bias[4 * BLOCK] = {0};                               \
+    const SCALAR *c0 = a->c0 ? (const SCALAR *)a->c0 + b * H + j0 : zeros;          \
+    if (a->bias) {                                                                  \
+        for (int g = 0; g < G; g++)                                                 \
+            memcpy(bias + g * BLOCK, (const SCALAR *)a->bias + g * H + j0, n * sizeof(SCALAR)); \
+    }
 
 #define ROW(s) (b * T + (a->reverse ? len - 1 - (s) : (s)))
+#define GATES(gates, s) ((SCALAR *)(gates) + (ROW(s) + b * (a->gate_time - T)) * G * H + j0)
 #define KEEP(row) (a->keep ? a->keep + (row) * H + j0 : NULL)
 
 CLONES static void FN(forward)(const Args *a, int64_t item) {
@@ -92,34 +110,40 @@ CLONES static void FN(forward)(const Args *a, int64_t item) {
     for (int64_t t = len; t < T; t++) memset((SCALAR *)a->h + (b * T + t) * H + j0, 0, n * sizeof(SCALAR));
     for (int64_t s = 0; s < len; s++) {
         const int64_t row = ROW(s);
-        const SCALAR *gz = (const SCALAR *)a->gates + row * G * H + j0;
         const uint8_t *keep = KEEP(row);
-        DISPATCH(FN(forward_step), n, H, gz, keep, kp, c, (SCALAR *)a->h + row * H + j0);
+        DISPATCH(FN(forward_step), n, H, GATES(a->gates, s), bias, keep, kp, c, (SCALAR *)a->h + row * H + j0);
         if (a->c_all_out) memcpy((SCALAR *)a->c_all_out + row * H + j0, c, n * sizeof(SCALAR));
     }
     memcpy((SCALAR *)a->c_last + b * H + j0, c, n * sizeof(SCALAR));
 }
 
+/* Overwrites gates with d(gates); rows that no real step writes are zeroed: pads, and the spare rows
+ * between batch rows. */
 CLONES static void FN(backward)(const Args *a, int64_t item) {
     ITEM_SETUP
     const SCALAR *c_all = (const SCALAR *)a->c_all;
-    SCALAR dc[BLOCK];
+    SCALAR dc[BLOCK], db[4 * BLOCK] = {0};
     memcpy(dc, a->dc_last ? (const SCALAR *)a->dc_last + b * H + j0 : zeros, n * sizeof(SCALAR));
-    for (int64_t t = len; t < T; t++) {
-        for (int g = 0; g < G; g++) memset((SCALAR *)a->dgates + ((b * T + t) * G + g) * H + j0, 0, n * sizeof(SCALAR));
+    const int64_t rows = b == a->batch - 1 ? T : a->gate_time;
+    for (int64_t t = len; t < rows; t++) {
+        SCALAR *dg = (SCALAR *)a->gates + (b * a->gate_time + t) * G * H + j0;
+        for (int g = 0; g < G; g++) memset(dg + g * H, 0, n * sizeof(SCALAR));
     }
     for (int64_t s = len - 1; s >= 0; s--) {
         const int64_t row = ROW(s);
-        const SCALAR *gz = (const SCALAR *)a->gates + row * G * H + j0;
         const SCALAR *cp = s > 0 ? c_all + ROW(s - 1) * H + j0 : c0;
         const uint8_t *keep = KEEP(row);
-        DISPATCH(FN(backward_step), n, H, gz, keep, kp, c_all + row * H + j0, cp, (const SCALAR *)a->dh + row * H + j0,
-                 dc, (SCALAR *)a->dgates + row * G * H + j0);
+        DISPATCH(FN(backward_step), n, H, GATES(a->gates, s), bias, keep, kp, c_all + row * H + j0, cp,
+                 (const SCALAR *)a->dh + row * H + j0, dc, db);
     }
     memcpy((SCALAR *)a->dc0 + b * H + j0, dc, n * sizeof(SCALAR));
+    for (int g = 0; g < G; g++) {
+        memcpy((SCALAR *)a->dbias + (b * G + g) * H + j0, db + g * BLOCK, n * sizeof(SCALAR));
+    }
 }
 
 #undef KEEP
+#undef GATES
 #undef ROW
 #undef ITEM_SETUP
 #undef DISPATCH
