@@ -9,7 +9,8 @@
  * Layouts (row-major, contiguous):
  *   gates   (B, gate_time, G, H) pre-activations less the bias, G = 2 (z, f), 3 (z, f, o) or 4 (z, f, o, i);
  *           rows t >= T are not read (a QRNN layer's convolution output has k - 1 spare rows per
- *           batch row); the backward overwrites them with their gradients
+ *           batch row); a forward with c_all (training) replaces them by their activations, which
+ *           the backward reads and overwrites with the gradients
  *   bias    (G, H) added to the gates, or NULL; dbias (B, G, H) per-row sums of dgates
  *   lengths (B,) int64, real tokens per row (right-padded); pads leave the state unchanged
  *   keep    (B, T, H) uint8 zoneout keep mask or NULL; keep_prob scales 1 - f (eval expectation)
@@ -25,11 +26,11 @@ enum { POOL_F = 0, POOL_FO = 1, POOL_IFO = 2 };
 #define BLOCK 256 /* channels per work item: long contiguous rows per step keep the prefetchers streaming */
 
 typedef struct {
-    const void *gates, *bias, *c0, *c_all, *dh, *dc_last;
+    const void *bias, *c0, *c_all, *dh, *dc_last;
     const int64_t *lengths;
     const uint8_t *keep;
     double keep_prob;
-    void *h, *c_last, *dbias, *dc0, *c_all_out;
+    void *gates, *h, *c_last, *dbias, *dc0, *c_all_out;
     int64_t batch, time, gate_time, hidden;
     int pooling, reverse;
 } Args;
@@ -113,7 +114,7 @@ static int run_parallel(item_fn fn, const Args *args, int nthreads) {
 }
 
 /* dtype: 0 = float32, 1 = float64. Returns 0 on success. */
-int qrnn_pool_forward(int dtype, const void *gates, int64_t gate_time, const void *bias, const int64_t *lengths,
+int qrnn_pool_forward(int dtype, void *gates, int64_t gate_time, const void *bias, const int64_t *lengths,
                       const void *c0, const uint8_t *keep, double keep_prob, int64_t batch, int64_t time,
                       int64_t hidden, int pooling, int reverse, void *h, void *c_all, void *c_last, int nthreads) {
     const Args args = {.gates = gates, .bias = bias, .c0 = c0, .lengths = lengths, .keep = keep,

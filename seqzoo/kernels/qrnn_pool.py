@@ -27,6 +27,7 @@ import functools
 import os
 import sysconfig
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -104,7 +105,8 @@ class _Kernel:
     """One fused pooling problem, as the C forward and backward functions take it.
 
     ``gates`` holds row ``b * gate_time + t`` for step t of batch row b (``gate_time >= time``),
-    ``G * hidden`` values each, without ``bias`` (G*H,) when one is given.
+    ``G * hidden`` values each, without ``bias`` (G*H,) when one is given. A training forward
+    replaces them by their activations, and the backward those by d(gates), in place.
     """
 
     gates: Tensor
@@ -124,7 +126,8 @@ class _Kernel:
                 int(self.reverse))
 
     def forward(self, save_cells: bool) -> tuple[Tensor, Tensor, Tensor | None]:
-        """h (B, T, H), c_last (B, H) and, if ``save_cells``, every step's cell state (B, T, H)."""
+        """h (B, T, H), c_last (B, H) and, if ``save_cells`` (training: the gates become their
+        activations), every step's cell state (B, T, H)."""
         batch, time, hidden = self.shape
         h = self.gates.new_empty(batch, time, hidden)
         c_last = self.gates.new_empty(batch, hidden)
@@ -135,7 +138,7 @@ class _Kernel:
         return h, c_last, c_all
 
     def backward(self, c_all: Tensor, dh: Tensor, dc_last: Tensor) -> tuple[Tensor, Tensor]:
-        """Overwrites ``gates`` with d(gates); returns d(bias) and d(c0)."""
+        """Overwrites the activations with d(gates); returns d(bias) and d(c0)."""
         batch, _, hidden = self.shape
         dbias = self.gates.new_empty(batch, POOLINGS[self.pooling] * hidden)  # per batch row
         dc0 = self.gates.new_empty(batch, hidden)
@@ -146,23 +149,38 @@ class _Kernel:
         return dbias.sum(0), dc0
 
 
+def _unspent_kernel(ctx, gates: Callable[[], Tensor]) -> _Kernel:
+    """``ctx.kernel`` for a backward; the first spends its buffer, so later ones (``retain_graph``)
+    get a kernel on a rebuilt one (``gates()``, then the forward again for the activations)."""
+    kernel = ctx.kernel
+    if ctx.gates_spent:
+        kernel = replace(kernel, gates=gates())
+        kernel.forward(save_cells=True)
+    ctx.gates_spent = True
+    return kernel
+
+
 class _CompiledPool(torch.autograd.Function):
     """Fused pooling forward and backward through the C kernel."""
 
     @staticmethod
     def forward(ctx, gates, lengths, c0, keep, keep_prob, pooling, reverse):
         batch, time, _, hidden = gates.shape
-        ctx.kernel = _Kernel(gates, time, None, lengths, c0, keep, keep_prob, pooling, reverse, (batch, time, hidden))
-        h, c_last, c_all = ctx.kernel.forward(save_cells=any(ctx.needs_input_grad))
-        ctx.save_for_backward(c_all)
+        training = any(ctx.needs_input_grad)
+        work = gates.clone() if training else gates  # the kernel turns its gates into activations, then gradients
+        ctx.kernel = _Kernel(work, time, None, lengths, c0, keep, keep_prob, pooling, reverse, (batch, time, hidden))
+        h, c_last, c_all = ctx.kernel.forward(save_cells=training)
+        ctx.gates_spent = False
+        ctx.save_for_backward(gates, c_all)
         return h, c_last
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dh, dc_last):
-        dgates = ctx.kernel.gates.clone()  # the kernel overwrites its gates with their gradients
-        _, dc0 = replace(ctx.kernel, gates=dgates).backward(*ctx.saved_tensors, dh, dc_last)
-        return dgates, None, dc0 if ctx.needs_input_grad[2] else None, None, None, None, None
+        gates, c_all = ctx.saved_tensors
+        kernel = _unspent_kernel(ctx, gates.clone)
+        _, dc0 = kernel.backward(c_all, dh, dc_last)
+        return kernel.gates, None, dc0 if ctx.needs_input_grad[2] else None, None, None, None, None
 
 
 def _compiled_inputs(x: Tensor, lengths: Tensor, c0: Tensor | None, keep: Tensor | None) -> tuple:
@@ -194,8 +212,9 @@ def qrnn_pool_compiled(
 
 class _CompiledLayer(torch.autograd.Function):
     """A QRNN layer direction: the convolution as k accumulated matmuls into one gate buffer, then the
-    fused pooling (bias added there). The backward writes d(gates) over that buffer; a second
-    backward through the same graph (``retain_graph``) recomputes it first."""
+    fused pooling (bias added there), which leaves the activations in that buffer; the backward
+    writes d(gates) over them. A second backward through the same graph (``retain_graph``)
+    recomputes the buffer first."""
 
     @staticmethod
     def forward(ctx, x_pad, weight, bias, lengths, c0, keep, keep_prob, pooling, reverse):
@@ -209,8 +228,7 @@ class _CompiledLayer(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dh, dc_last):
         x_pad, weight, c_all = ctx.saved_tensors
-        kernel = replace(ctx.kernel, gates=_convolve(x_pad, weight)) if ctx.gates_spent else ctx.kernel
-        ctx.gates_spent = True
+        kernel = _unspent_kernel(ctx, lambda: _convolve(x_pad, weight))
         dbias, dc0 = kernel.backward(c_all, dh, dc_last)
         dgates = kernel.gates  # (rows, G*H), overwritten in place
         rows, taps = x_pad.view(-1, x_pad.shape[-1]), weight.split(x_pad.shape[-1], 1)  # taps: (G*H, n) each

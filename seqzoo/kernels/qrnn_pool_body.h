@@ -11,41 +11,51 @@ static inline SCALAR FN(tanh)(SCALAR x) { return 1 - 2 / (EXP(2 * x) + 1); }
 /* Zoneout scale of 1 - f (eq. 6): the keep mask in training, keep_prob (1 - p) at evaluation. */
 #define SCALE(j) (has_keep ? kp * keep[j] : kp)
 
-/* One time step of the forward recurrence for n channels; c is the running state, b the bias. */
-static ALWAYS_INLINE void FN(forward_step)(int pooling, int has_keep, int64_t n, int64_t H, const SCALAR *restrict gz,
-                                           const SCALAR *restrict b, const uint8_t *restrict keep, SCALAR kp,
-                                           SCALAR *restrict c, SCALAR *restrict h) {
-    const SCALAR *gf = gz + H, *go = gz + 2 * H, *gi = gz + 3 * H;
+/* One time step of the forward recurrence for n channels; c is the running state, b the bias. With
+ * store, the step's gates g are replaced by their activations z, f, o, i (what the backward reads). */
+static ALWAYS_INLINE void FN(forward_step)(int pooling, int has_keep, int store, int64_t n, int64_t H,
+                                           SCALAR *restrict g, const SCALAR *restrict b,
+                                           const uint8_t *restrict keep, SCALAR kp, SCALAR *restrict c,
+                                           SCALAR *restrict h) {
+    SCALAR *gz = g, *gf = g + H, *go = g + 2 * H, *gi = g + 3 * H;
     const SCALAR *bf = b + BLOCK, *bo = b + 2 * BLOCK, *bi = b + 3 * BLOCK;
     for (int64_t j = 0; j < n; j++) {
-        const SCALAR z = FN(tanh)(gz[j] + b[j]);                        /* eq. 1 */
-        const SCALAR leak = (1 - FN(sigmoid)(gf[j] + bf[j])) * SCALE(j); /* 1 - f after zoneout, eq. 6 */
+        const SCALAR z = FN(tanh)(gz[j] + b[j]), f = FN(sigmoid)(gf[j] + bf[j]); /* eq. 1 */
+        const SCALAR leak = (1 - f) * SCALE(j);                                   /* 1 - f after zoneout, eq. 6 */
+        const SCALAR o = pooling == POOL_F ? 1 : FN(sigmoid)(go[j] + bo[j]);
+        const SCALAR i = pooling == POOL_IFO ? FN(sigmoid)(gi[j] + bi[j]) : 0;
         if (pooling == POOL_IFO) {
-            c[j] = (1 - leak) * c[j] + FN(sigmoid)(gi[j] + bi[j]) * z;  /* eq. 5 */
+            c[j] = (1 - leak) * c[j] + i * z;                                     /* eq. 5 */
         } else {
-            c[j] += leak * (z - c[j]);                                   /* eqs. 3-4: f c + (1 - f) z */
+            c[j] += leak * (z - c[j]);                                            /* eqs. 3-4: f c + (1 - f) z */
         }
-        h[j] = pooling == POOL_F ? c[j] : FN(sigmoid)(go[j] + bo[j]) * c[j];
+        h[j] = pooling == POOL_F ? c[j] : o * c[j];
+        if (store) {
+            gz[j] = z;
+            gf[j] = f;
+            if (pooling != POOL_F) go[j] = o;
+            if (pooling == POOL_IFO) gi[j] = i;
+        }
     }
 }
 
-/* One time step of the backward recurrence: overwrites the step's gates g with their gradients, adds
- * those to db, and turns dc = dL/dc_t into dL/dc_{t-1}. */
+/* One time step of the backward recurrence: overwrites the step's activations g (stored by the
+ * forward) with the gradients of the gate pre-activations, adds those to db, and turns
+ * dc = dL/dc_t into dL/dc_{t-1}. */
 static ALWAYS_INLINE void FN(backward_step)(int pooling, int has_keep, int64_t n, int64_t H, SCALAR *restrict g,
-                                            const SCALAR *restrict b, const uint8_t *restrict keep, SCALAR kp,
-                                            const SCALAR *restrict c, const SCALAR *restrict cp,
-                                            const SCALAR *restrict dh, SCALAR *restrict dc, SCALAR *restrict db) {
+                                            const uint8_t *restrict keep, SCALAR kp, const SCALAR *restrict c,
+                                            const SCALAR *restrict cp, const SCALAR *restrict dh,
+                                            SCALAR *restrict dc, SCALAR *restrict db) {
     SCALAR *gz = g, *gf = g + H, *go = g + 2 * H, *gi = g + 3 * H;
-    const SCALAR *bf = b + BLOCK, *bo = b + 2 * BLOCK, *bi = b + 3 * BLOCK;
     SCALAR *dbf = db + BLOCK, *dbo = db + 2 * BLOCK, *dbi = db + 3 * BLOCK;
     for (int64_t j = 0; j < n; j++) {
-        const SCALAR z = FN(tanh)(gz[j] + b[j]), f = FN(sigmoid)(gf[j] + bf[j]);
+        const SCALAR z = gz[j], f = gf[j];
         const SCALAR scale = SCALE(j), leak = (1 - f) * scale;
         SCALAR dct = dc[j];
         if (pooling == POOL_F) {
             dct += dh[j];
         } else {
-            const SCALAR o = FN(sigmoid)(go[j] + bo[j]);
+            const SCALAR o = go[j];
             const SCALAR dot = dh[j] * c[j] * o * (1 - o);
             go[j] = dot;
             dbo[j] += dot;
@@ -53,7 +63,7 @@ static ALWAYS_INLINE void FN(backward_step)(int pooling, int has_keep, int64_t n
         }
         SCALAR dzt, dft;
         if (pooling == POOL_IFO) {
-            const SCALAR i = FN(sigmoid)(gi[j] + bi[j]);
+            const SCALAR i = gi[j];
             const SCALAR dit = dct * z * i * (1 - i);
             gi[j] = dit;
             dbi[j] += dit;
@@ -92,32 +102,35 @@ static ALWAYS_INLINE void FN(backward_step)(int pooling, int has_keep, int64_t n
     const int64_t n = H - j0 < BLOCK ? H - j0 : BLOCK, len = a->lengths[b];          \
     const int G = a->pooling == POOL_F ? 2 : a->pooling == POOL_FO ? 3 : 4;         \
     const SCALAR kp = (SCALAR)a->keep_prob;                                         \
-    SCALAR zeros[BLOCK] = {0}, bias[4 * BLOCK] = {0};                               \
-    const SCALAR *c0 = a->c0 ? (const SCALAR *)a->c0 + b * H + j0 : zeros;          \
-    if (a->bias) {                                                                  \
-        for (int g = 0; g < G; g++)                                                 \
-            memcpy(bias + g * BLOCK, (const SCALAR *)a->bias + g * H + j0, n * sizeof(SCALAR)); \
-    }
+    SCALAR zeros[BLOCK] = {0};                                                      \
+    const SCALAR *c0 = a->c0 ? (const SCALAR *)a->c0 + b * H + j0 : zeros;
 
 #define ROW(s) (b * T + (a->reverse ? len - 1 - (s) : (s)))
 #define GATES(gates, s) ((SCALAR *)(gates) + (ROW(s) + b * (a->gate_time - T)) * G * H + j0)
 #define KEEP(row) (a->keep ? a->keep + (row) * H + j0 : NULL)
 
+/* With c_all_out (training), also stores every step's cell state and the activations over the gates. */
 CLONES static void FN(forward)(const Args *a, int64_t item) {
     ITEM_SETUP
-    SCALAR c[BLOCK];
+    SCALAR c[BLOCK], bias[4 * BLOCK] = {0};
     memcpy(c, c0, n * sizeof(SCALAR));
+    for (int g = 0; a->bias && g < G; g++) memcpy(bias + g * BLOCK, (const SCALAR *)a->bias + g * H + j0, n * sizeof(SCALAR));
     for (int64_t t = len; t < T; t++) memset((SCALAR *)a->h + (b * T + t) * H + j0, 0, n * sizeof(SCALAR));
     for (int64_t s = 0; s < len; s++) {
         const int64_t row = ROW(s);
         const uint8_t *keep = KEEP(row);
-        DISPATCH(FN(forward_step), n, H, GATES(a->gates, s), bias, keep, kp, c, (SCALAR *)a->h + row * H + j0);
-        if (a->c_all_out) memcpy((SCALAR *)a->c_all_out + row * H + j0, c, n * sizeof(SCALAR));
+        SCALAR *g = GATES(a->gates, s), *h = (SCALAR *)a->h + row * H + j0;
+        if (a->c_all_out) {
+            DISPATCH(FN(forward_step), 1, n, H, g, bias, keep, kp, c, h);
+            memcpy((SCALAR *)a->c_all_out + row * H + j0, c, n * sizeof(SCALAR));
+        } else {
+            DISPATCH(FN(forward_step), 0, n, H, g, bias, keep, kp, c, h);
+        }
     }
     memcpy((SCALAR *)a->c_last + b * H + j0, c, n * sizeof(SCALAR));
 }
 
-/* Overwrites gates with d(gates); rows that no real step writes are zeroed: pads, and the spare rows
+/* Overwrites the activations with d(gates); rows that no real step writes are zeroed: pads, and the spare rows
  * between batch rows. */
 CLONES static void FN(backward)(const Args *a, int64_t item) {
     ITEM_SETUP
@@ -133,7 +146,7 @@ CLONES static void FN(backward)(const Args *a, int64_t item) {
         const int64_t row = ROW(s);
         const SCALAR *cp = s > 0 ? c_all + ROW(s - 1) * H + j0 : c0;
         const uint8_t *keep = KEEP(row);
-        DISPATCH(FN(backward_step), n, H, GATES(a->gates, s), bias, keep, kp, c_all + row * H + j0, cp,
+        DISPATCH(FN(backward_step), n, H, GATES(a->gates, s), keep, kp, c_all + row * H + j0, cp,
                  (const SCALAR *)a->dh + row * H + j0, dc, db);
     }
     memcpy((SCALAR *)a->dc0 + b * H + j0, dc, n * sizeof(SCALAR));
