@@ -147,8 +147,7 @@ class ABSATask:
         self.splits = splits
         self.tokenizer = tokenizer or Tokenizer(lowercase=data.lowercase)
         if vocab is None:
-            train = splits["train"]
-            vocab = Vocab.build([self.tokenizer(e.text) for e in train], min_freq=data.min_freq)
+            vocab = Vocab.build([self.tokenizer(e.text) for e in splits["train"]], min_freq=data.min_freq)
         self.vocab = vocab
         dim, vectors = embedding_dim or data.embedding_dim, None
         if data.embeddings and embedding_dim is None:
@@ -173,6 +172,7 @@ class ABSATask:
         return self.model(batch.ids, batch.mask, batch.aspect_ids, batch.aspect_mask)
 
     def _lengths(self, split: str) -> list[int]:
+        """Sentence lengths in characters, a cheap proxy of the token counts for length bucketing."""
         return [len(e.text) for e in self.splits[split]]
 
     def train_batches(self, epoch: int) -> list[list[int]]:
