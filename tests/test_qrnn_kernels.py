@@ -181,3 +181,23 @@ def test_compiled_layer_backward_twice_recomputes_its_gate_buffer():
     second = torch.autograd.grad(h.sum(), (x_pad, weight, bias, c0))
     for a, b in zip(first, second, strict=True):
         assert torch.equal(a, b)
+
+
+@needs_compiled
+@pytest.mark.parametrize("output", [0, 1])
+def test_compiled_layer_gradient_through_one_output(monkeypatch, output):
+    """An unused output's gradient is None inside the backward (read as zeros)."""
+    (x_pad, weight, bias, c0), lengths = _layer_inputs(2, "ifo")
+    grads = []
+    for backend in ("auto", "reference"):
+        monkeypatch.setenv("SEQZOO_QRNN_BACKEND", backend)
+        out = qrnn_layer(x_pad, weight, bias, lengths, c0, pooling="ifo")[output]
+        grads.append(torch.autograd.grad(out.square().sum(), (x_pad, weight, bias, c0)))
+    for a, b in zip(*grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_layer_rejects_weight_of_wrong_shape():
+    (x_pad, weight, bias, c0), lengths = _layer_inputs(2, "ifo")
+    with pytest.raises(ValueError, match="weight"):
+        qrnn_layer(x_pad, weight, bias, lengths, c0, pooling="fo")

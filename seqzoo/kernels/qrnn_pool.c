@@ -11,7 +11,7 @@
  *           rows t >= T are not read (a QRNN layer's convolution output has k - 1 spare rows per
  *           batch row); a forward with c_all (training) replaces them by their activations, which
  *           the backward reads and overwrites with the gradients
- *   bias    (G, H) added to the gates, or NULL; dbias (B, G, H) per-row sums of dgates
+ *   bias    (G, H) added to the gates, or NULL; dbias (B, G, H): row 0 returns the bias gradient
  *   lengths (B,) int64, real tokens per row (right-padded); pads leave the state unchanged
  *   keep    (B, T, H) uint8 zoneout keep mask or NULL; keep_prob scales 1 - f (eval expectation)
  *   h, c_all (B, T, H); c0, c_last, dc_last, dc0 (B, H); c0 / dc_last may be NULL (zeros)
@@ -132,5 +132,16 @@ int qrnn_pool_backward(int dtype, void *gates, int64_t gate_time, const void *bi
                        .keep_prob = keep_prob, .c_all = c_all, .dh = dh, .dc_last = dc_last,
                        .dbias = dbias, .dc0 = dc0, .batch = batch, .time = time, .gate_time = gate_time,
                        .hidden = hidden, .pooling = pooling, .reverse = reverse};
-    return run_parallel(dtype == 0 ? backward_f32 : backward_f64, &args, nthreads);
+    const int status = run_parallel(dtype == 0 ? backward_f32 : backward_f64, &args, nthreads);
+    const int64_t n = (pooling == POOL_F ? 2 : pooling == POOL_FO ? 3 : 4) * hidden; /* per-row sums into row 0 */
+    for (int64_t b = 1; b < batch; b++) {
+        if (dtype == 0) {
+            float *db = (float *)dbias;
+            for (int64_t j = 0; j < n; j++) db[j] += db[b * n + j];
+        } else {
+            double *db = (double *)dbias;
+            for (int64_t j = 0; j < n; j++) db[j] += db[b * n + j];
+        }
+    }
+    return status;
 }

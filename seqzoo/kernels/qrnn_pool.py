@@ -137,16 +137,17 @@ class _Kernel:
             raise RuntimeError("qrnn_pool_forward: could not start worker threads")
         return h, c_last, c_all
 
-    def backward(self, c_all: Tensor, dh: Tensor, dc_last: Tensor) -> tuple[Tensor, Tensor]:
-        """Overwrites the activations with d(gates); returns d(bias) and d(c0)."""
-        batch, _, hidden = self.shape
-        dbias = self.gates.new_empty(batch, POOLINGS[self.pooling] * hidden)  # per batch row
+    def backward(self, c_all: Tensor, dh: Tensor | None, dc_last: Tensor | None) -> tuple[Tensor, Tensor]:
+        """Overwrites the activations with d(gates); returns d(bias) and d(c0). None gradients are zeros."""
+        batch, time, hidden = self.shape
+        dbias = self.gates.new_empty(batch, POOLINGS[self.pooling] * hidden)  # row 0: the sum over rows
         dc0 = self.gates.new_empty(batch, hidden)
-        dh, dc_last = dh.contiguous(), dc_last.contiguous()
+        dh = self.gates.new_zeros(batch, time, hidden) if dh is None else dh.contiguous()
+        dc_last = None if dc_last is None else dc_last.contiguous()
         outs = (_ptr(c_all), _ptr(dh), _ptr(dc_last), _ptr(dbias), _ptr(dc0))
         if _compiled_library().qrnn_pool_backward(*self._args(), *outs, torch.get_num_threads()) != 0:
             raise RuntimeError("qrnn_pool_backward: could not start worker threads")
-        return dbias.sum(0), dc0
+        return dbias[0], dc0
 
 
 def _unspent_kernel(ctx, gates: Callable[[], Tensor]) -> _Kernel:
@@ -171,6 +172,7 @@ class _CompiledPool(torch.autograd.Function):
         ctx.kernel = _Kernel(work, time, None, lengths, c0, keep, keep_prob, pooling, reverse, (batch, time, hidden))
         h, c_last, c_all = ctx.kernel.forward(save_cells=training)
         ctx.gates_spent = False
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None (the kernel reads zeros)
         ctx.save_for_backward(gates, c_all)
         return h, c_last
 
@@ -221,6 +223,7 @@ class _CompiledLayer(torch.autograd.Function):
         kernel = _layer_kernel(x_pad, weight, bias, lengths, c0, keep, keep_prob, pooling, reverse)
         h, c_last, c_all = kernel.forward(save_cells=True)
         ctx.kernel, ctx.gates_spent = kernel, False
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None (the kernel reads zeros)
         ctx.save_for_backward(x_pad, weight, c_all)
         return h, c_last
 
@@ -291,8 +294,13 @@ def qrnn_layer(
     compiled backend fuses the convolution into the pooling's buffers (no window copies); the
     other backends concatenate the windows and run one ``F.linear``.
     """
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {sorted(POOLINGS)}, got {pooling!r}")
     batch, padded_time, n = x_pad.shape
     window = weight.shape[1] // n
+    if weight.shape[0] % POOLINGS[pooling] or weight.shape[1] != window * n or window > padded_time:
+        raise ValueError(f"{pooling}-pooling on inputs of size {n} needs weight ({POOLINGS[pooling]}*H, k*{n}) with "
+                         f"k <= {padded_time}, got {tuple(weight.shape)}")
     time = padded_time - window + 1
     kwargs = {"pooling": pooling, "keep": keep, "keep_prob": keep_prob, "reverse": reverse}
     if pool_backend(x_pad.device, x_pad.dtype) != "compiled":
