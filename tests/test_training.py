@@ -152,3 +152,18 @@ def test_resume_after_sigkill_reproduces_uninterrupted_run(toy_corpus, tmp_path)
         from safetensors.torch import load_file
         a, b = load_file(tmp_path / "killed" / name), load_file(tmp_path / "clean" / name)
         assert all(torch.equal(a[k], b[k]) for k in a), name
+
+
+def test_evaluate_run_trained_with_pretrained_vectors_of_another_size(toy_corpus, tmp_path, capsys):
+    """The model's embedding size comes from the vector file, and reloading must follow it."""
+    from conftest import NEGATIVE, NEUTRAL, POSITIVE
+
+    vectors = tmp_path / "vec.txt"
+    vectors.write_text("".join(f"{w} " + " ".join(["0.1"] * 6) + "\n" for w in POSITIVE + NEGATIVE + NEUTRAL))
+    config = _config_yaml(toy_corpus, tmp_path)
+    args = ["--set", f"data.embeddings={vectors}", "--set", "train.epochs=1"]
+    assert main(["train", str(config), "--run-dir", str(tmp_path / "v"), *args]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(tmp_path / "v")]) == 0
+    evaluated = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert evaluated["accuracy"] == _records(tmp_path / "v")[-1]["test_accuracy"]

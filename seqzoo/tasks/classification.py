@@ -77,7 +77,7 @@ class ClassificationTask:
 
     def __init__(self, config: RunConfig, splits: dict[str, list[LabeledText]],
                  vocab: Vocab | None = None, labels: LabelSet | None = None,
-                 tokenizer: Tokenizer | None = None, load_embeddings: bool = True) -> None:
+                 tokenizer: Tokenizer | None = None, embedding_dim: int | None = None) -> None:
         self.config = config
         data: ClassificationDataConfig = config.data
         self.tokenizer = tokenizer or Tokenizer(lowercase=data.lowercase, split_hyphens=data.split_hyphens)
@@ -91,9 +91,9 @@ class ClassificationTask:
             )
             for name, split in splits.items()
         }
-        dim = data.embedding_dim
+        dim = embedding_dim or data.embedding_dim
         vectors = None
-        if data.embeddings and load_embeddings:
+        if data.embeddings and embedding_dim is None:
             vectors, stats = load_vectors(data.embeddings, self.vocab)
             dim = vectors.shape[1]
             log.info("embeddings %s: %s", data.embeddings, stats)
@@ -181,10 +181,12 @@ def load_trained(config: RunConfig, best: Path, with_data: bool = True) -> Class
     if with_data:
         loaded = _splits(load_data(config.data, config.train.seed))
         splits = {name: split for name, split in loaded.items() if split is not None}
+    weights = load_tensors(best / "model.safetensors")
     task = ClassificationTask(
         config, splits, vocab=Vocab.from_dict(read_json(best / "vocab.json")),
         labels=LabelSet.from_dict(read_json(best / "labels.json")),
-        tokenizer=Tokenizer.from_dict(read_json(best / "tokenizer.json")), load_embeddings=False,
+        tokenizer=Tokenizer.from_dict(read_json(best / "tokenizer.json")),
+        embedding_dim=weights["embedding.weight"].shape[1],  # the vectors' size, not data.embedding_dim
     )
-    task.model.load_state_dict(load_tensors(best / "model.safetensors"))
+    task.model.load_state_dict(weights)
     return task
