@@ -57,27 +57,27 @@ def qrnn_pool_reference(
     """Plain PyTorch pooling (see the module docstring for the signature); autograd does the backward."""
     batch, time, _, hidden = gates.shape
     z = torch.tanh(gates[:, :, 0])  # (B, T, H), eq. 1
-    leak = (1 - torch.sigmoid(gates[:, :, 1])) * keep_prob  # 1 - f, (B, T, H)
-    if keep is not None:
-        leak = leak * keep  # eq. 6: zoned-out channels get f = 1 (no rescaling)
-    decay = 1 - leak  # f after zoneout
-    new = torch.sigmoid(gates[:, :, 3]) * z if pooling == "ifo" else leak * z  # eq. 5 / eqs. 3-4
+    gated = torch.sigmoid(gates[:, :, 1:])  # f, o, i in one pass, (B, T, G - 1, H)
+    f = gated[:, :, 0]
+    if keep is not None or keep_prob != 1.0:  # eq. 6: zoned-out channels get f = 1 (no rescaling)
+        f = 1 - (1 - f) * (keep_prob if keep is None else keep * keep_prob)
+    new = gated[:, :, 2] * z if pooling == "ifo" else torch.addcmul(z, f, z, value=-1)  # i z, or (1 - f) z
     real = (torch.arange(time, device=gates.device) < lengths.unsqueeze(1)).unsqueeze(-1)  # (B, T, 1)
-    if not bool(real.all()):
-        decay = decay.masked_fill(~real, 1.0)  # pads keep the state
-        new = new.masked_fill(~real, 0.0)
+    padded = not bool(real.all())
+    if padded:
+        f, new = f.masked_fill(~real, 1.0), new.masked_fill(~real, 0.0)  # pads keep the state
     c = gates.new_zeros(batch, hidden) if c0 is None else c0
-    steps = list(zip(decay.unbind(1), new.unbind(1), strict=True))  # unbind: O(T) backward, unlike c[t]
+    steps = list(zip(f.unbind(1), new.unbind(1), strict=True))  # unbind: O(T) backward, unlike f[:, t]
     cells = []
-    for decay_t, new_t in reversed(steps) if reverse else steps:
-        c = torch.addcmul(new_t, decay_t, c)  # c_t = f_t * c_{t-1} + (1 - f_t) * z_t  (or + i_t * z_t)
+    for f_t, new_t in reversed(steps) if reverse else steps:
+        c = torch.addcmul(new_t, f_t, c)  # c_t = f_t * c_{t-1} + (1 - f_t) * z_t  (or + i_t * z_t)
         cells.append(c)
     if reverse:
         cells.reverse()
     h = torch.stack(cells, 1)  # (B, T, H)
     if pooling != "f":
-        h = torch.sigmoid(gates[:, :, 2]) * h  # h_t = o_t * c_t
-    return h.masked_fill(~real, 0.0), c
+        h = h * gated[:, :, 1]  # h_t = o_t * c_t
+    return (h.masked_fill(~real, 0.0) if padded else h), c
 
 
 @functools.cache
