@@ -106,6 +106,22 @@ def _plot_zones(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plot_hidden(args: argparse.Namespace) -> int:
+    from seqzoo.analysis import plot_hidden_states
+    from seqzoo.runner import find_runs, load_task
+
+    runs = find_runs(args.run_dir)
+    if not runs:
+        raise ConfigError(f"{args.run_dir}: no trained model (no best/ checkpoint) below this directory")
+    text = args.text if args.input is None else Path(args.input).read_text(encoding="utf-8")
+    try:
+        path, _ = plot_hidden_states(load_task(runs[0], with_data=False), text, args.out, args.channels)
+    except ValueError as err:
+        raise ConfigError(f"{runs[0]}: {err}") from None
+    print(path)
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     try:
         module = importlib.import_module(f"seqzoo.bench.{args.name}")
@@ -145,6 +161,14 @@ def build_parser() -> argparse.ArgumentParser:
     zones.add_argument("--last", type=int, default=5, help="characters whose relevances are shown (default 5)")
     zones.add_argument("--depth", type=int, default=0, help="candidate of this transition depth (default 0)")
     zones.set_defaults(func=_plot_zones)
+    hidden = sub.add_parser("plot-hidden", help="last-layer hidden states over a document (QRNN paper Figure 3) as PNG")
+    hidden.add_argument("run_dir")
+    document = hidden.add_mutually_exclusive_group(required=True)
+    document.add_argument("--text", help="the document")
+    document.add_argument("--input", help="file holding the document")
+    hidden.add_argument("--out", required=True, help="PNG path")
+    hidden.add_argument("--channels", type=int, help="show only the N units that vary most over the document")
+    hidden.set_defaults(func=_plot_hidden)
     bench = sub.add_parser("bench", help="benchmarks: seqzoo bench encoders|mzu --help")
     bench.add_argument("name")
     bench.add_argument("rest", nargs=argparse.REMAINDER)

@@ -1,0 +1,82 @@
+"""Hidden-state heat maps of a trained text model (the QRNN paper's Figure 3).
+
+A document is encoded by a trained run's model (dropout off, read from a zero state) and the
+encoder's output, the last layer's hidden states, is drawn as a (channels x time) heat map with
+the tokens along the time axis. Long hidden sizes can be cut to the ``channels`` units whose value
+varies most over the document. Works for any encoder; for a QRNN the outputs are ``h_t = o_t * c_t``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from matplotlib.figure import Figure
+from torch import Tensor
+
+from seqzoo.data.batching import pad_batch
+from seqzoo.plots import save_figure
+
+__all__ = ["HiddenStates", "hidden_state_figure", "hidden_states", "plot_hidden_states"]
+
+
+@dataclass
+class HiddenStates:
+    """``values`` (T, N): the encoder outputs at the document's tokens for output units ``channels``."""
+
+    tokens: list[str]
+    channels: list[int]
+    values: Tensor
+
+
+@torch.no_grad()
+def hidden_states(task, text: str, channels: int | None = None) -> HiddenStates:
+    """Encode ``text`` with a trained task (``seqzoo.runner.load_task``) and keep its hidden states.
+
+    The task must tokenise like the classification recipe (``tokenizer``, ``vocab``, ``config.data.max_len``)
+    and its model embed then encode (``model.embedding``, ``model.encoder``). ``channels`` keeps the
+    units with the largest variance over time, in unit order; None keeps all.
+    """
+    model = task.model
+    if not all(hasattr(task, name) for name in ("tokenizer", "vocab")) or not hasattr(model, "encoder"):
+        raise ValueError(f"{type(task).__name__} has no tokenizer, vocabulary and encoder to read a document with")
+    tokens = task.tokenizer(text)[: task.config.data.max_len or None]
+    if not tokens:
+        raise ValueError("the document has no tokens")
+    ids, mask = pad_batch([task.vocab.encode(tokens)])
+    was_training = model.training
+    model.eval()
+    outputs, _ = model.encoder(model.embedding(ids), mask)  # (1, T, D)
+    model.train(was_training)
+    states = outputs[0]
+    keep = torch.arange(states.shape[1])
+    if channels is not None:
+        if channels < 1:
+            raise ValueError(f"channels must be >= 1, got {channels}")
+        keep = states.var(0, correction=0).topk(min(channels, states.shape[1])).indices.sort().values
+    return HiddenStates(tokens, keep.tolist(), states[:, keep])
+
+
+def hidden_state_figure(states: HiddenStates, title: str = "") -> Figure:
+    """Units down, tokens across, on a diverging scale symmetric around 0."""
+    steps, units = states.values.shape
+    fig = Figure(figsize=(min(40.0, max(6.0, 0.25 * steps)), min(30.0, max(3.0, 0.12 * units + 1.5))))
+    ax = fig.subplots()
+    limit = float(states.values.abs().max()) or 1.0
+    image = ax.imshow(states.values.T.numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto",
+                      interpolation="nearest")
+    ax.set_xticks(range(steps), states.tokens, rotation=90, fontsize=7)
+    if units <= 64:
+        ax.set_yticks(range(units), [str(c) for c in states.channels], fontsize=6)
+    ax.set_ylabel("hidden unit")
+    ax.set_title(title or f"last-layer hidden states ({units} units)", fontsize=9)
+    fig.colorbar(image, ax=ax, fraction=0.02, pad=0.01)
+    fig.tight_layout()
+    return fig
+
+
+def plot_hidden_states(task, text: str, path: str | Path, channels: int | None = None) -> tuple[Path, HiddenStates]:
+    """Write the heat map of ``text``'s hidden states under ``task`` to the PNG ``path``."""
+    states = hidden_states(task, text, channels)
+    return save_figure(hidden_state_figure(states), Path(path)), states

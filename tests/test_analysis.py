@@ -1,0 +1,70 @@
+"""Hidden-state heat maps (QRNN paper Figure 3) of a trained run."""
+
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from conftest import write_sentiment_corpus
+
+from seqzoo.analysis import hidden_state_figure, hidden_states, plot_hidden_states
+from seqzoo.cli import main
+from seqzoo.config import load_config
+from seqzoo.runner import load_task, run
+
+TEXT = "the film was great and the plot was fine but the actor was dull"
+
+
+@pytest.fixture(scope="module")
+def qrnn_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hidden")
+    data = write_sentiment_corpus(root / "data")
+    config = root / "toy.yaml"
+    config.write_text(textwrap.dedent(f"""\
+        name: toy
+        data: {{name: toy, data_dir: {data}, embedding_dim: 8}}
+        model: {{encoder: qrnn, encoder_args: {{hidden_size: 10, num_layers: 2, window: 2}}, pooler: mean}}
+        train: {{epochs: 1, batch_size: 16, patience: null, progress: false}}
+        """))
+    run(load_config(config), root / "run")
+    return root / "run"
+
+
+def _encoder_outputs(task, tokens):
+    model = task.model.eval()
+    with torch.no_grad():
+        ids = torch.tensor([task.vocab.encode(tokens)])
+        return model.encoder(model.embedding(ids), torch.ones_like(ids, dtype=torch.bool))[0][0]  # (T, D)
+
+
+def test_plotted_matrix_is_the_encoder_output(qrnn_run, tmp_path):
+    task = load_task(qrnn_run, with_data=False)
+    path, states = plot_hidden_states(task, TEXT, tmp_path / "hidden.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    outputs = _encoder_outputs(task, TEXT.split())
+    assert states.tokens == TEXT.split() and states.channels == list(range(10))
+    assert torch.allclose(states.values, outputs)
+    image = hidden_state_figure(states).axes[0].images[0].get_array()
+    assert np.allclose(image, outputs.T.numpy())  # units down, tokens across
+
+
+def test_channels_keeps_the_most_variable_units(qrnn_run):
+    task = load_task(qrnn_run, with_data=False)
+    states = hidden_states(task, TEXT, channels=4)
+    outputs = _encoder_outputs(task, TEXT.split())
+    variance = outputs.var(0)
+    assert states.channels == sorted(states.channels) and len(states.channels) == 4
+    assert variance[states.channels].min() >= variance.sort(descending=True).values[3]
+    assert torch.allclose(states.values, outputs[:, states.channels])
+
+
+def test_cli_reads_text_or_file(qrnn_run, tmp_path, capsys):
+    document = tmp_path / "doc.txt"
+    document.write_text(TEXT + "\n", encoding="utf-8")
+    command = ["plot-hidden", str(qrnn_run)]
+    assert main([*command, "--text", TEXT, "--out", str(tmp_path / "a.png"), "--channels", "3"]) == 0
+    assert main([*command, "--input", str(document), "--out", str(tmp_path / "b.png")]) == 0
+    assert capsys.readouterr().out.split() == [str(tmp_path / "a.png"), str(tmp_path / "b.png")]
+    assert main([*command, "--text", "   ", "--out", str(tmp_path / "c.png")]) != 0
