@@ -6,7 +6,7 @@ Measurements are interleaved round-robin across encoders, so load from other pro
 all of them alike; each figure is the median over ``--repeats`` after warm-up.
 
 QRNN rows (fo-pooling, window ``--qrnn-window``) also report ``gemm_bound_fwd_bwd_tokens_per_s``,
-the same projection's forward and backward matmuls alone (Y = XW^T + b, dX = dY W, dW = dY^T X)
+the same projection's forward and backward matmuls alone (Y = XW^T + b, dX = dY W, dW^T = X^T dY)
 timed in the same run, and (compiled backend) ``pooling_share``, the fraction of the layer's
 fwd+bwd time spent in its fused activations, zoneout and pooling kernel. ``sru`` (PyPI ``sru``) is
 measured when installed.
@@ -108,11 +108,11 @@ def _qrnn_cases(model: QRNN, x: Tensor) -> dict[str, Callable[[], float]]:
     def gemm() -> None:
         torch.addmm(bias, inputs, weight.t())  # forward
         torch.mm(grad_gates, weight)  # dX
-        torch.mm(grad_gates.t(), inputs)  # dW
+        torch.mm(inputs.t(), grad_gates)  # dW^T, the faster of the two layouts (as the layer computes it)
 
     def pool() -> None:
-        _, _, cells = kernel.forward(save_cells=True)
-        kernel.backward(cells, grad_h, grad_c)
+        kernel.forward(training=True)
+        kernel.backward(grad_h, grad_c)
 
     cases = {"gemm": _timer(gemm), "pool": _timer(pool)}
     return cases if pool_backend("cpu") == "compiled" else {"gemm": cases["gemm"]}

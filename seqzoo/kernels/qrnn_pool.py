@@ -90,8 +90,8 @@ def _compiled_library() -> ctypes.CDLL | str:
         return f"cannot load {path.name} ({err}); reinstall seqzoo with a C compiler to build it"
     ptr, i64, c_int, c_double = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
     common = [c_int, ptr, i64, ptr, ptr, ptr, ptr, c_double, i64, i64, i64, c_int, c_int]
-    lib.qrnn_pool_forward.argtypes = [*common, ptr, ptr, ptr, c_int]
-    lib.qrnn_pool_backward.argtypes = [*common, ptr, ptr, ptr, ptr, ptr, c_int]
+    lib.qrnn_pool_forward.argtypes = [*common, c_int, ptr, ptr, c_int]
+    lib.qrnn_pool_backward.argtypes = [*common, ptr, ptr, ptr, ptr, c_int]
     lib.qrnn_pool_forward.restype = lib.qrnn_pool_backward.restype = c_int
     return lib
 
@@ -125,28 +125,26 @@ class _Kernel:
                 _ptr(self.c0), _ptr(self.keep), self.keep_prob, *self.shape, _POOL_CODE[self.pooling],
                 int(self.reverse))
 
-    def forward(self, save_cells: bool) -> tuple[Tensor, Tensor, Tensor | None]:
-        """h (B, T, H), c_last (B, H) and, if ``save_cells`` (training: the gates become their
-        activations), every step's cell state (B, T, H)."""
+    def forward(self, training: bool) -> tuple[Tensor, Tensor]:
+        """h (B, T, H) and c_last (B, H); ``training`` leaves the activations in the gates for the backward."""
         batch, time, hidden = self.shape
         h = self.gates.new_empty(batch, time, hidden)
         c_last = self.gates.new_empty(batch, hidden)
-        c_all = self.gates.new_empty(batch, time, hidden) if save_cells else None
-        if _compiled_library().qrnn_pool_forward(*self._args(), _ptr(h), _ptr(c_all), _ptr(c_last),
+        if _compiled_library().qrnn_pool_forward(*self._args(), int(training), _ptr(h), _ptr(c_last),
                                                  torch.get_num_threads()) != 0:
             raise RuntimeError("qrnn_pool_forward: could not start worker threads")
-        return h, c_last, c_all
+        return h, c_last
 
-    def backward(self, c_all: Tensor, dh: Tensor | None, dc_last: Tensor | None) -> tuple[Tensor, Tensor]:
+    def backward(self, dh: Tensor | None, dc_last: Tensor | None) -> tuple[Tensor, Tensor]:
         """Overwrites the activations with d(gates); returns d(bias) and d(c0). None gradients are zeros."""
         batch, time, hidden = self.shape
         dbias = self.gates.new_empty(batch, POOLINGS[self.pooling] * hidden)  # row 0: the sum over rows
         dc0 = self.gates.new_empty(batch, hidden)
         dh = self.gates.new_zeros(batch, time, hidden) if dh is None else dh.contiguous()
         dc_last = None if dc_last is None else dc_last.contiguous()
-        outs = (_ptr(c_all), _ptr(dh), _ptr(dc_last), _ptr(dbias), _ptr(dc0))
+        outs = (_ptr(dh), _ptr(dc_last), _ptr(dbias), _ptr(dc0))
         if _compiled_library().qrnn_pool_backward(*self._args(), *outs, torch.get_num_threads()) != 0:
-            raise RuntimeError("qrnn_pool_backward: could not start worker threads")
+            raise RuntimeError("qrnn_pool_backward: could not start worker threads or allocate scratch memory")
         return dbias[0], dc0
 
 
@@ -156,7 +154,7 @@ def _unspent_kernel(ctx, gates: Callable[[], Tensor]) -> _Kernel:
     kernel = ctx.kernel
     if ctx.gates_spent:
         kernel = replace(kernel, gates=gates())
-        kernel.forward(save_cells=True)
+        kernel.forward(training=True)
     ctx.gates_spent = True
     return kernel
 
@@ -170,18 +168,18 @@ class _CompiledPool(torch.autograd.Function):
         training = any(ctx.needs_input_grad)
         work = gates.clone() if training else gates  # the kernel turns its gates into activations, then gradients
         ctx.kernel = _Kernel(work, time, None, lengths, c0, keep, keep_prob, pooling, reverse, (batch, time, hidden))
-        h, c_last, c_all = ctx.kernel.forward(save_cells=training)
+        h, c_last = ctx.kernel.forward(training)
         ctx.gates_spent = False
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None (the kernel reads zeros)
-        ctx.save_for_backward(gates, c_all)
+        ctx.save_for_backward(gates)
         return h, c_last
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dh, dc_last):
-        gates, c_all = ctx.saved_tensors
+        (gates,) = ctx.saved_tensors
         kernel = _unspent_kernel(ctx, gates.clone)
-        _, dc0 = kernel.backward(c_all, dh, dc_last)
+        _, dc0 = kernel.backward(dh, dc_last)
         return kernel.gates, None, dc0 if ctx.needs_input_grad[2] else None, None, None, None, None
 
 
@@ -221,18 +219,18 @@ class _CompiledLayer(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x_pad, weight, bias, lengths, c0, keep, keep_prob, pooling, reverse):
         kernel = _layer_kernel(x_pad, weight, bias, lengths, c0, keep, keep_prob, pooling, reverse)
-        h, c_last, c_all = kernel.forward(save_cells=True)
+        h, c_last = kernel.forward(training=True)
         ctx.kernel, ctx.gates_spent = kernel, False
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None (the kernel reads zeros)
-        ctx.save_for_backward(x_pad, weight, c_all)
+        ctx.save_for_backward(x_pad, weight)
         return h, c_last
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dh, dc_last):
-        x_pad, weight, c_all = ctx.saved_tensors
+        x_pad, weight = ctx.saved_tensors
         kernel = _unspent_kernel(ctx, lambda: _convolve(x_pad, weight))
-        dbias, dc0 = kernel.backward(c_all, dh, dc_last)
+        dbias, dc0 = kernel.backward(dh, dc_last)
         dgates = kernel.gates  # (rows, G*H), overwritten in place
         rows, taps = x_pad.view(-1, x_pad.shape[-1]), weight.split(x_pad.shape[-1], 1)  # taps: (G*H, n) each
         count = dgates.shape[0]
@@ -244,10 +242,11 @@ class _CompiledLayer(torch.autograd.Function):
             for j, tap in enumerate(taps[1:], 1):
                 dx[j : j + count].addmm_(dgates, tap)
             dx = dx.view_as(x_pad)
-        if ctx.needs_input_grad[1]:
-            dw = torch.empty_like(weight)
-            for j, piece in enumerate(dw.split(x_pad.shape[-1], 1)):
-                torch.mm(dgates.t(), rows[j : j + count], out=piece)
+        if ctx.needs_input_grad[1]:  # as dW^T = X^T dY, one row block per tap (faster than dY^T X in MKL)
+            dw = weight.new_empty(weight.shape[1], weight.shape[0])
+            for j, block in enumerate(dw.split(x_pad.shape[-1])):
+                torch.mm(rows[j : j + count].t(), dgates, out=block)
+            dw = dw.t()
         needs = ctx.needs_input_grad
         return dx, dw, dbias if needs[2] else None, None, dc0 if needs[4] else None, None, None, None, None
 
@@ -312,8 +311,7 @@ def qrnn_layer(
     tracked = [t for t in (x_pad, weight, bias, c0) if t is not None]
     if torch.is_grad_enabled() and any(t.requires_grad for t in tracked):
         return _CompiledLayer.apply(*args)
-    h, c_last, _ = _layer_kernel(*args).forward(save_cells=False)
-    return h, c_last
+    return _layer_kernel(*args).forward(training=False)
 
 
 def pool_backend(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> str:

@@ -39,6 +39,18 @@ static ALWAYS_INLINE void FN(forward_step)(int pooling, int has_keep, int store,
     }
 }
 
+/* The cell states again, from the activations a training forward stored: c = the state after the
+ * step, cp the one before (the same arithmetic as forward_step). */
+static ALWAYS_INLINE void FN(cell_step)(int pooling, int has_keep, int64_t n, int64_t H, const SCALAR *restrict g,
+                                        const uint8_t *restrict keep, SCALAR kp, const SCALAR *restrict cp,
+                                        SCALAR *restrict c) {
+    const SCALAR *gz = g, *gf = g + H, *gi = g + 3 * H;
+    for (int64_t j = 0; j < n; j++) {
+        const SCALAR leak = (1 - gf[j]) * SCALE(j);
+        c[j] = pooling == POOL_IFO ? (1 - leak) * cp[j] + gi[j] * gz[j] : cp[j] + leak * (gz[j] - cp[j]);
+    }
+}
+
 /* One time step of the backward recurrence: overwrites the step's activations g (stored by the
  * forward) with the gradients of the gate pre-activations, adds those to db, and turns
  * dc = dL/dc_t into dL/dc_{t-1}. */
@@ -109,9 +121,10 @@ static ALWAYS_INLINE void FN(backward_step)(int pooling, int has_keep, int64_t n
 #define GATES(gates, s) ((SCALAR *)(gates) + (ROW(s) + b * (a->gate_time - T)) * G * H + j0)
 #define KEEP(row) (a->keep ? a->keep + (row) * H + j0 : NULL)
 
-/* With c_all_out (training), also stores every step's cell state and the activations over the gates. */
-CLONES static void FN(forward)(const Args *a, int64_t item) {
+/* With a->store (training), also replaces the gates by their activations (what the backward reads). */
+CLONES static void FN(forward)(const Args *a, int64_t item, void *scratch) {
     ITEM_SETUP
+    (void)scratch;
     SCALAR c[BLOCK], bias[4 * BLOCK] = {0};
     memcpy(c, c0, n * sizeof(SCALAR));
     for (int g = 0; a->bias && g < G; g++) memcpy(bias + g * BLOCK, (const SCALAR *)a->bias + g * H + j0, n * sizeof(SCALAR));
@@ -120,9 +133,8 @@ CLONES static void FN(forward)(const Args *a, int64_t item) {
         const int64_t row = ROW(s);
         const uint8_t *keep = KEEP(row);
         SCALAR *g = GATES(a->gates, s), *h = (SCALAR *)a->h + row * H + j0;
-        if (a->c_all_out) {
+        if (a->store) {
             DISPATCH(FN(forward_step), 1, n, H, g, bias, keep, kp, c, h);
-            memcpy((SCALAR *)a->c_all_out + row * H + j0, c, n * sizeof(SCALAR));
         } else {
             DISPATCH(FN(forward_step), 0, n, H, g, bias, keep, kp, c, h);
         }
@@ -130,12 +142,18 @@ CLONES static void FN(forward)(const Args *a, int64_t item) {
     memcpy((SCALAR *)a->c_last + b * H + j0, c, n * sizeof(SCALAR));
 }
 
-/* Overwrites the activations with d(gates); rows that no real step writes are zeroed: pads, and the spare rows
- * between batch rows. */
-CLONES static void FN(backward)(const Args *a, int64_t item) {
+/* Overwrites the activations with d(gates); rows that no real step writes are zeroed: pads, and the
+ * spare rows between batch rows. The cell states are recomputed into scratch (T x BLOCK, stays in
+ * cache) rather than stored by the forward: cheaper than writing and reading them back. */
+CLONES static void FN(backward)(const Args *a, int64_t item, void *scratch) {
     ITEM_SETUP
-    const SCALAR *c_all = (const SCALAR *)a->c_all;
+    SCALAR *cells = (SCALAR *)scratch; /* cells + s * BLOCK: the state after step s */
     SCALAR dc[BLOCK], db[4 * BLOCK] = {0};
+    for (int64_t s = 0; s < len; s++) {
+        const uint8_t *keep = KEEP(ROW(s));
+        DISPATCH(FN(cell_step), n, H, GATES(a->gates, s), keep, kp, s > 0 ? cells + (s - 1) * BLOCK : c0,
+                 cells + s * BLOCK);
+    }
     memcpy(dc, a->dc_last ? (const SCALAR *)a->dc_last + b * H + j0 : zeros, n * sizeof(SCALAR));
     const int64_t rows = b == a->batch - 1 ? T : a->gate_time;
     for (int64_t t = len; t < rows; t++) {
@@ -144,10 +162,9 @@ CLONES static void FN(backward)(const Args *a, int64_t item) {
     }
     for (int64_t s = len - 1; s >= 0; s--) {
         const int64_t row = ROW(s);
-        const SCALAR *cp = s > 0 ? c_all + ROW(s - 1) * H + j0 : c0;
         const uint8_t *keep = KEEP(row);
-        DISPATCH(FN(backward_step), n, H, GATES(a->gates, s), keep, kp, c_all + row * H + j0, cp,
-                 (const SCALAR *)a->dh + row * H + j0, dc, db);
+        DISPATCH(FN(backward_step), n, H, GATES(a->gates, s), keep, kp, cells + s * BLOCK,
+                 s > 0 ? cells + (s - 1) * BLOCK : c0, (const SCALAR *)a->dh + row * H + j0, dc, db);
     }
     memcpy((SCALAR *)a->dc0 + b * H + j0, dc, n * sizeof(SCALAR));
     for (int g = 0; g < G; g++) {
