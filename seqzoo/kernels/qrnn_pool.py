@@ -15,9 +15,12 @@ All paths share one signature and one convention (the paper's: ``f`` multiplies 
 
 Backends: ``"compiled"`` (C kernel built at install time, loaded with ctypes; float32/float64 on
 CPU), ``"triton"`` (CUDA tensors) and ``"reference"``. Both fast paths fuse the activations,
-zoneout and the recurrence in one pass forward and one reverse-time pass backward. When a fast
-path cannot run, :func:`qrnn_pool` warns and uses the reference; setting the environment variable
-``SEQZOO_QRNN_BACKEND=reference`` selects the reference on purpose.
+zoneout and the recurrence in one pass forward and a reverse-time pass backward (the compiled
+backward reads the activations its forward left in the gate buffer, recomputes the cell states
+from them in cache, and writes d(gates) in place). When a fast path cannot run, :func:`qrnn_pool`
+warns and uses the reference; setting the environment variable ``SEQZOO_QRNN_BACKEND=reference``
+selects the reference on purpose. :func:`qrnn_layer` runs a whole layer direction (convolution and
+pooling), fused the same way on the compiled backend.
 """
 
 from __future__ import annotations
