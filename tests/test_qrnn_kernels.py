@@ -201,3 +201,15 @@ def test_layer_rejects_weight_of_wrong_shape():
     (x_pad, weight, bias, c0), lengths = _layer_inputs(2, "ifo")
     with pytest.raises(ValueError, match="weight"):
         qrnn_layer(x_pad, weight, bias, lengths, c0, pooling="fo")
+
+
+def test_library_from_other_sources_is_refused(monkeypatch):
+    """A stale build (other exported signatures) falls back with a reason instead of being called."""
+    stale = type("StaleLibrary", (), {"qrnn_pool_abi_version": staticmethod(lambda: 1)})()
+    monkeypatch.setattr(pool_module.ctypes, "CDLL", lambda path: stale)
+    pool_module._compiled_library.cache_clear()
+    try:
+        assert "built from other kernel sources" in pool_module._compiled_library()
+    finally:
+        monkeypatch.undo()
+        pool_module._compiled_library.cache_clear()

@@ -124,6 +124,9 @@ static int run_parallel(item_fn fn, const Args *args, int nthreads, size_t scrat
     return status;
 }
 
+/* Bumped whenever an exported signature changes; the loader refuses a library built from other sources. */
+int qrnn_pool_abi_version(void) { return 2; }
+
 /* dtype: 0 = float32, 1 = float64; store != 0 (training) leaves the activations in gates. Returns 0 on success. */
 int qrnn_pool_forward(int dtype, void *gates, int64_t gate_time, const void *bias, const int64_t *lengths,
                       const void *c0, const uint8_t *keep, double keep_prob, int64_t batch, int64_t time,

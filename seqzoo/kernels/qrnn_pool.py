@@ -45,6 +45,7 @@ __all__ = ["POOLINGS", "pool_backend", "qrnn_layer", "qrnn_pool", "qrnn_pool_com
 POOLINGS = {"f": 2, "fo": 3, "ifo": 4}
 _POOL_CODE = {"f": 0, "fo": 1, "ifo": 2}
 _DTYPE_CODE = {torch.float32: 0, torch.float64: 1}
+_ABI_VERSION = 2  # qrnn_pool_abi_version() of the C sources this wrapper calls
 
 
 def qrnn_pool_reference(
@@ -91,6 +92,8 @@ def _compiled_library() -> ctypes.CDLL | str:
         lib = ctypes.CDLL(str(path))
     except OSError as err:
         return f"cannot load {path.name} ({err}); reinstall seqzoo with a C compiler to build it"
+    if getattr(lib, "qrnn_pool_abi_version", lambda: 1)() != _ABI_VERSION:
+        return f"{path.name} was built from other kernel sources; rebuild it (reinstall seqzoo)"
     ptr, i64, c_int, c_double = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
     common = [c_int, ptr, i64, ptr, ptr, ptr, ptr, c_double, i64, i64, i64, c_int, c_int]
     lib.qrnn_pool_forward.argtypes = [*common, c_int, ptr, ptr, c_int]
