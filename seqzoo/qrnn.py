@@ -29,7 +29,7 @@ __all__ = ["QRNN", "QRNNLayer"]
 
 
 class QRNNLayer(nn.Module):
-    """One direction of one QRNN layer: masked convolution (one matmul) + fused pooling.
+    """One direction of one QRNN layer: masked convolution + pooling, through :func:`~seqzoo.kernels.qrnn_layer`.
 
     ``reverse=True`` makes the backward direction: each row is read from its last real token to
     its first, and the window looks ahead, ``[x_t, ..., x_{t+k-1}]`` (zeros past the row's end).
