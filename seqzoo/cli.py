@@ -47,12 +47,20 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _evaluate(args: argparse.Namespace) -> int:
-    from seqzoo.runner import find_runs, format_summary, load_task, summarize
+def _trained_runs(run_dir: str) -> list[Path]:
+    """Sub-runs with a best/ checkpoint below ``run_dir``; an error if there is none."""
+    from seqzoo.runner import find_runs
 
-    runs = find_runs(args.run_dir)
+    runs = find_runs(run_dir)
     if not runs:
-        raise ConfigError(f"{args.run_dir}: no trained model (no best/ checkpoint) below this directory")
+        raise ConfigError(f"{run_dir}: no trained model (no best/ checkpoint) below this directory")
+    return runs
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from seqzoo.runner import format_summary, load_task, summarize
+
+    runs = _trained_runs(args.run_dir)
     results = {}
     for sub in runs:
         metrics = load_task(sub).evaluate(args.split)
@@ -63,11 +71,9 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from seqzoo.runner import find_runs, load_task
+    from seqzoo.runner import load_task
 
-    runs = find_runs(args.run_dir)
-    if not runs:
-        raise ConfigError(f"{args.run_dir}: no trained model (no best/ checkpoint) below this directory")
+    runs = _trained_runs(args.run_dir)
     task = load_task(runs[0], with_data=False)
     source = sys.stdin if args.input in (None, "-") else open(args.input, encoding="utf-8")
     with source:
@@ -78,12 +84,10 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _sample(args: argparse.Namespace) -> int:
-    from seqzoo.runner import find_runs, load_task
+    from seqzoo.runner import load_task
     from seqzoo.tasks.lm import LMTask, sample
 
-    runs = find_runs(args.run_dir)
-    if not runs:
-        raise ConfigError(f"{args.run_dir}: no trained model (no best/ checkpoint) below this directory")
+    runs = _trained_runs(args.run_dir)
     task = load_task(runs[0], with_data=False)
     if not isinstance(task, LMTask):
         raise ConfigError(f"{runs[0]}: not a language model run")
@@ -93,11 +97,9 @@ def _sample(args: argparse.Namespace) -> int:
 
 def _plot_zones(args: argparse.Namespace) -> int:
     from seqzoo.mzu_analysis import plot_zone_relevance, zone_relevance
-    from seqzoo.runner import find_runs, load_task
+    from seqzoo.runner import load_task
 
-    runs = find_runs(args.run_dir)
-    if not runs:
-        raise ConfigError(f"{args.run_dir}: no trained model (no best/ checkpoint) below this directory")
+    runs = _trained_runs(args.run_dir)
     try:
         relevance = zone_relevance(load_task(runs[0], with_data=False), args.text, args.depth)
     except ValueError as err:
@@ -108,11 +110,9 @@ def _plot_zones(args: argparse.Namespace) -> int:
 
 def _plot_hidden(args: argparse.Namespace) -> int:
     from seqzoo.analysis import plot_hidden_states
-    from seqzoo.runner import find_runs, load_task
+    from seqzoo.runner import load_task
 
-    runs = find_runs(args.run_dir)
-    if not runs:
-        raise ConfigError(f"{args.run_dir}: no trained model (no best/ checkpoint) below this directory")
+    runs = _trained_runs(args.run_dir)
     text = args.text if args.input is None else Path(args.input).read_text(encoding="utf-8")
     try:
         path, _ = plot_hidden_states(load_task(runs[0], with_data=False), text, args.out, args.channels)

@@ -31,6 +31,17 @@ def toy_corpus(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def single_thread():
+    """Tiny tensors: OpenMP threads only add synchronisation cost (severe on a shared machine)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def shared_data() -> Path:
     """Real corpora (a directory laid out like shared/data), from the SEQZOO_DATA variable."""
     root = os.environ.get("SEQZOO_DATA")

@@ -17,13 +17,7 @@ RESTAURANTS = FIXTURES / "Restaurants_Train.xml"
 LAPTOPS = FIXTURES / "Laptop_Train.xml"
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    """Tiny tensors: OpenMP threads only add synchronisation cost (severe on a shared machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def test_reader_examples_and_offsets():

@@ -5,7 +5,6 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 
 from seqzoo.cli import main
 from seqzoo.config import load_config
@@ -22,12 +21,7 @@ TINY = [
 ]  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture

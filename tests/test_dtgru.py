@@ -5,14 +5,7 @@ from seqzoo import build_encoder
 from seqzoo.dtgru import DeepTransitionGRU, LayerNormGRU
 from seqzoo.testing import assert_contract
 
-
-@pytest.fixture(autouse=True)
-def _single_thread():
-    """Tiny tensors: OpenMP threads only add synchronisation cost (severe on a shared machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.mark.parametrize("name", ["gru_ln", "dtgru"])
