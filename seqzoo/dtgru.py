@@ -110,30 +110,6 @@ class DeepTransitionGRUCell(nn.Module):
         return step
 
 
-@register_encoder("gru_ln")
-class LayerNormGRU(RecurrentCellEncoder):
-    """GRU with optional LN on the gate pre-activations and candidate dropout (the MZU paper's GRU).
-
-    State ``h`` (num_layers * directions, B, H). ``dropout`` is the candidate dropout.
-    """
-
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        num_layers: int = 1,
-        dropout: float = 0.0,
-        bidirectional: bool = False,
-        layer_norm: bool = True,
-    ) -> None:
-        def make_cell(size: int) -> DeepTransitionGRUCell:
-            return DeepTransitionGRUCell(
-                size, hidden_size, 0, linear_gate=False, layer_norm=layer_norm, dropout=dropout
-            )
-
-        super().__init__(input_size, hidden_size, make_cell, num_layers, bidirectional)
-
-
 @register_encoder("dtgru")
 class DeepTransitionGRU(RecurrentCellEncoder):
     """Deep-transition GRU (DTMT): L-GRU + ``transition_depth`` T-GRUs per step (MODELS.md 4.7).
@@ -157,3 +133,24 @@ class DeepTransitionGRU(RecurrentCellEncoder):
             return DeepTransitionGRUCell(size, hidden_size, transition_depth, linear_gate, layer_norm, dropout)
 
         super().__init__(input_size, hidden_size, make_cell, num_layers, bidirectional)
+
+
+@register_encoder("gru_ln")
+class LayerNormGRU(DeepTransitionGRU):
+    """GRU with optional LN on the gate pre-activations and candidate dropout (the MZU paper's GRU).
+
+    A :class:`DeepTransitionGRU` without transitions and without the linear transformation gate.
+    State ``h`` (num_layers * directions, B, H). ``dropout`` is the candidate dropout.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        dropout: float = 0.0,
+        bidirectional: bool = False,
+        layer_norm: bool = True,
+    ) -> None:
+        super().__init__(input_size, hidden_size, num_layers, dropout, bidirectional,
+                         transition_depth=0, linear_gate=False, layer_norm=layer_norm)

@@ -21,7 +21,6 @@ Metric: ``accuracy`` over the evaluation examples (one per aspect term), all fou
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,23 +34,22 @@ from seqzoo.base import build_encoder
 from seqzoo.config import ABSADataConfig, RunConfig
 from seqzoo.data.absa import POLARITIES, AspectExample, hard_subset, hold_out_sentences, read_semeval2014
 from seqzoo.data.batching import bucket_batches, pad_batch
-from seqzoo.data.embeddings import load_vectors
 from seqzoo.data.errors import DataError
 from seqzoo.data.text import Tokenizer, Vocab
 from seqzoo.poolers import build_pooler
+from seqzoo.tasks.common import accuracy_and_loss, epoch_seed, pretrained_vectors
 
 __all__ = [
     "ABSATask",
     "AspectBatch",
     "AspectSentimentClassifier",
     "build_tasks",
+    "collate",
+    "encode_examples",
     "load_splits",
     "load_trained",
     "make_batch",
 ]
-
-log = logging.getLogger("seqzoo")
-
 
 @dataclass
 class AspectBatch:
@@ -64,12 +62,28 @@ class AspectBatch:
     labels: Tensor
 
 
+#: One example as ids: (sentence ids, aspect ids, polarity index).
+EncodedAspect = tuple[list[int], list[int], int]
+
+
+def encode_examples(examples: Sequence[AspectExample], vocab: Vocab, tokenizer: Tokenizer) -> list[EncodedAspect]:
+    """Tokenise sentences and aspect terms into ids; labels index :data:`POLARITIES`."""
+    return [
+        (vocab.encode(tokenizer(e.text)), vocab.encode(tokenizer(e.aspect)), POLARITIES.index(e.polarity))
+        for e in examples
+    ]
+
+
+def collate(encoded: Sequence[EncodedAspect], pad_id: int = 0) -> AspectBatch:
+    """Pad encoded examples into an :class:`AspectBatch`."""
+    ids, mask = pad_batch([e[0] for e in encoded], pad_id)
+    aspect_ids, aspect_mask = pad_batch([e[1] for e in encoded], pad_id)
+    return AspectBatch(ids, mask, aspect_ids, aspect_mask, torch.tensor([e[2] for e in encoded]))
+
+
 def make_batch(examples: Sequence[AspectExample], vocab: Vocab, tokenizer: Tokenizer) -> AspectBatch:
     """Tokenise and pad sentences and aspect terms; labels index :data:`POLARITIES`."""
-    ids, mask = pad_batch([vocab.encode(tokenizer(e.text)) for e in examples], vocab.pad_id)
-    aspect_ids, aspect_mask = pad_batch([vocab.encode(tokenizer(e.aspect)) for e in examples], vocab.pad_id)
-    labels = torch.tensor([POLARITIES.index(e.polarity) for e in examples])
-    return AspectBatch(ids, mask, aspect_ids, aspect_mask, labels)
+    return collate(encode_examples(examples, vocab, tokenizer), vocab.pad_id)
 
 
 class AspectSentimentClassifier(nn.Module):
@@ -149,11 +163,9 @@ class ABSATask:
         if vocab is None:
             vocab = Vocab.build([self.tokenizer(e.text) for e in splits["train"]], min_freq=data.min_freq)
         self.vocab = vocab
-        dim, vectors = embedding_dim or data.embedding_dim, None
-        if data.embeddings and embedding_dim is None:
-            vectors, stats = load_vectors(data.embeddings, self.vocab)
-            dim = vectors.shape[1]
-            log.info("embeddings %s: %s", data.embeddings, stats)
+        # Encoded once: batches only pad (the data never changes between epochs).
+        self.encoded = {name: encode_examples(examples, vocab, self.tokenizer) for name, examples in splits.items()}
+        dim, vectors = pretrained_vectors(data.embeddings, self.vocab, data.embedding_dim, embedding_dim)
         model = config.model
         self.model = AspectSentimentClassifier(
             len(self.vocab), dim, model.encoder, model.encoder_args, dropout=model.dropout,
@@ -165,18 +177,18 @@ class ABSATask:
         self.model.embedding.weight.requires_grad_(not data.freeze_embeddings)
 
     def _batch(self, split: str, indices: list[int]) -> AspectBatch:
-        examples = self.splits[split]
-        return make_batch([examples[i] for i in indices], self.vocab, self.tokenizer)
+        encoded = self.encoded[split]
+        return collate([encoded[i] for i in indices], self.vocab.pad_id)
 
     def _logits(self, batch: AspectBatch) -> Tensor:
         return self.model(batch.ids, batch.mask, batch.aspect_ids, batch.aspect_mask)
 
     def _lengths(self, split: str) -> list[int]:
-        """Sentence lengths in characters, a cheap proxy of the token counts for length bucketing."""
-        return [len(e.text) for e in self.splits[split]]
+        """Sentence lengths in tokens, for length bucketing."""
+        return [len(e[0]) for e in self.encoded[split]]
 
     def train_batches(self, epoch: int) -> list[list[int]]:
-        seed = self.config.train.seed * 1_000_003 + epoch
+        seed = epoch_seed(self.config.train.seed, epoch)
         return bucket_batches(self._lengths("train"), self.config.train.batch_size, shuffle=True, seed=seed)
 
     def train_loss(self, batch: list[int]) -> tuple[Tensor, int]:
@@ -185,20 +197,12 @@ class ABSATask:
         aux = self.model.auxiliary_loss()
         return (loss + aux if aux is not None else loss), int(data.mask.sum())
 
-    @torch.no_grad()
     def evaluate(self, split: str) -> dict[str, float]:
         """``accuracy`` and mean cross-entropy ``loss`` over the examples of ``split``, and their number."""
-        was_training = self.model.training
-        self.model.eval()
-        correct, loss_sum = 0, 0.0
-        for indices in bucket_batches(self._lengths(split), self.config.train.eval_batch_size, shuffle=False):
-            data = self._batch(split, indices)
-            logits = self._logits(data)
-            loss_sum += F.cross_entropy(logits, data.labels, reduction="sum").item()
-            correct += int((logits.argmax(-1) == data.labels).sum())
-        self.model.train(was_training)
-        n = len(self.splits[split])
-        return {"accuracy": correct / n, "loss": loss_sum / n, "examples": n}
+        size = self.config.train.eval_batch_size
+        batches = (self._batch(split, idx) for idx in bucket_batches(self._lengths(split), size, shuffle=False))
+        metrics = accuracy_and_loss(self.model, ((self._logits(b), b.labels) for b in batches))
+        return {**metrics, "examples": len(self.splits[split])}
 
     def documents(self) -> dict[str, Any]:
         return {"vocab.json": self.vocab.to_dict(), "tokenizer.json": self.tokenizer.to_dict()}

@@ -7,7 +7,6 @@ turns the run into k-fold cross-validation (``data.folds``), one sub-run per fol
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,14 +19,11 @@ from seqzoo.base import build_encoder
 from seqzoo.config import ClassificationDataConfig, ModelConfig, RunConfig
 from seqzoo.data.batching import bucket_batches, pad_batch
 from seqzoo.data.classification import ClassificationData, LabeledText, LabelSet, bundled_corpus_dir
-from seqzoo.data.embeddings import load_vectors
 from seqzoo.data.text import Tokenizer, Vocab
 from seqzoo.poolers import build_pooler
+from seqzoo.tasks.common import accuracy_and_loss, epoch_seed, pretrained_vectors
 
 __all__ = ["ClassificationTask", "TextClassifier", "build_tasks", "load_data", "load_trained"]
-
-log = logging.getLogger("seqzoo")
-
 
 class TextClassifier(nn.Module):
     """Embedding (B, T) -> encoder (B, T, H) -> pooler (B, P) -> MLP -> logits (B, C)."""
@@ -91,12 +87,7 @@ class ClassificationTask:
             )
             for name, split in splits.items()
         }
-        dim = embedding_dim or data.embedding_dim
-        vectors = None
-        if data.embeddings and embedding_dim is None:
-            vectors, stats = load_vectors(data.embeddings, self.vocab)
-            dim = vectors.shape[1]
-            log.info("embeddings %s: %s", data.embeddings, stats)
+        dim, vectors = pretrained_vectors(data.embeddings, self.vocab, data.embedding_dim, embedding_dim)
         self.model = TextClassifier(len(self.vocab), dim, len(self.labels), config.model, data.freeze_embeddings)
         if vectors is not None:
             with torch.no_grad():
@@ -113,7 +104,7 @@ class ClassificationTask:
 
     def train_batches(self, epoch: int) -> list[list[int]]:
         lengths = [len(s) for s in self.splits["train"].ids]
-        seed = self.config.train.seed * 1_000_003 + epoch
+        seed = epoch_seed(self.config.train.seed, epoch)
         return bucket_batches(lengths, self.config.train.batch_size, shuffle=True, seed=seed)
 
     def train_loss(self, batch: list[int]) -> tuple[Tensor, int]:
@@ -122,19 +113,11 @@ class ClassificationTask:
         aux = self.model.auxiliary_loss()
         return (loss + aux if aux is not None else loss), int(mask.sum())
 
-    @torch.no_grad()
     def evaluate(self, split: str) -> dict[str, float]:
         data = self.splits[split]
-        self.model.eval()
-        correct, loss_sum = 0, 0.0
-        for indices in bucket_batches([len(s) for s in data.ids], self.config.train.eval_batch_size, shuffle=False):
-            ids, mask, y = self._batch(data, indices)
-            logits = self.model(ids, mask)
-            loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
-            correct += int((logits.argmax(-1) == y).sum())
-        self.model.train()
-        n = len(data.labels)
-        return {"accuracy": correct / n, "loss": loss_sum / n}
+        size = self.config.train.eval_batch_size
+        batches = (self._batch(data, idx) for idx in bucket_batches([len(s) for s in data.ids], size, shuffle=False))
+        return accuracy_and_loss(self.model, ((self.model(ids, mask), y) for ids, mask, y in batches))
 
     @torch.no_grad()
     def predict(self, texts: list[str]) -> list[dict[str, Any]]:

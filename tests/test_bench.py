@@ -1,0 +1,47 @@
+"""Smoke tests of the benchmark commands: they run at tiny sizes and report consistent fields.
+
+Speed itself is never asserted here (benchmarks are not timed tests); see docs/results.md.
+"""
+
+import json
+
+import pytest
+
+from seqzoo.cli import main
+
+
+def _rows(capsys) -> list[dict]:
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("window", [1, 2])
+def test_bench_encoders_reports_rates_bound_and_pooling_share(capsys, window):
+    args = ["bench", "encoders", "--encoders", "lstm,gru,qrnn", "--shapes", "2x6x8,3x4x8", "--json",
+            "--repeats", "1", "--warmup", "0", "--threads", "1", "--qrnn-window", str(window)]
+    assert main(args) == 0
+    rows = _rows(capsys)
+    assert [(r["encoder"], r["batch"], r["seq_len"]) for r in rows] == [
+        (e, b, t) for b, t in ((2, 6), (3, 4)) for e in ("lstm", "gru", "qrnn")
+    ]
+    for row in rows:
+        assert row["hidden"] == 8 and row["threads"] == 1
+        assert row["fwd_tokens_per_s"] > 0 and row["fwd_bwd_tokens_per_s"] > 0
+    for row in (r for r in rows if r["encoder"] == "qrnn"):
+        assert row["window"] == window and row["pooling"] == "fo"
+        assert row["gemm_bound_fwd_bwd_tokens_per_s"] > 0 and 0.0 <= row["pooling_share"] <= 1.0
+
+
+def test_bench_mzu_reports_flop_efficiency(capsys):
+    assert main(["bench", "mzu", "--batch", "2", "--bptt", "2", "--repeats", "1", "--threads", "1", "--json"]) == 0
+    rows = {r["model"]: r for r in _rows(capsys)}
+    assert set(rows) == {"capMZU+DT", "DT-GRU"}
+    for row in rows.values():
+        assert row["batch"] == 2 and row["bptt"] == 2 and row["params"] > 1_000_000
+        achieved = row["chars_per_s"] * row["train_flops_per_char"] / 1e9
+        assert row["achieved_gflops"] == pytest.approx(achieved, rel=0.01)
+        assert row["flop_efficiency"] == pytest.approx(achieved / max(row["sgemm_gflops"]), abs=2e-3)
+
+
+def test_bench_unknown_name_is_a_clear_error(capsys):
+    assert main(["bench", "nope"]) == 2
+    assert "unknown benchmark 'nope'" in capsys.readouterr().err
