@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import yaml
@@ -37,7 +37,7 @@ from seqzoo.config import OptimConfig, RunConfig, config_to_dict
 from seqzoo.data.io import atomic_write_text
 from seqzoo.plots import plot_curves
 
-__all__ = ["Task", "Trainer", "TrainingError", "build_optimizer", "set_seed"]
+__all__ = ["StepLoss", "Task", "Trainer", "TrainingError", "build_optimizer", "set_seed"]
 
 log = logging.getLogger("seqzoo")
 
@@ -47,6 +47,14 @@ TIMING_KEYS = ("seconds", "tokens_per_s")
 
 class TrainingError(RuntimeError):
     """Training cannot go on (e.g. a non-finite loss); the last good checkpoint is kept."""
+
+
+class StepLoss(NamedTuple):
+    """What :meth:`Task.train_loss` returns for one batch."""
+
+    loss: Tensor  # to minimise: the mean over ``count`` units, auxiliary losses included
+    tokens: int  # tokens processed, for throughput
+    count: int  # units the loss is a mean over (examples, or target tokens), for epoch averages
 
 
 class Task(Protocol):
@@ -59,8 +67,8 @@ class Task(Protocol):
     def train_batches(self, epoch: int) -> Sequence[Any]:
         """The epoch's training batches; must depend only on the seed and ``epoch``."""
 
-    def train_loss(self, batch: Any) -> tuple[Tensor, int]:
-        """Loss to minimise for ``batch`` (auxiliary losses included) and its token count."""
+    def train_loss(self, batch: Any) -> StepLoss:
+        """Loss to minimise for ``batch`` (auxiliary losses included), its tokens and its count."""
 
     def evaluate(self, split: str) -> dict[str, float]:
         """Metrics on ``split`` ("dev" or "test"), including ``self.metric``."""
@@ -98,7 +106,7 @@ class Trainer:
         self.optimizer = build_optimizer(list(task.model.parameters()), config.optim)
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.state: dict[str, Any] = {
-            "epoch": 0, "step_in_epoch": 0, "global_step": 0, "loss_sum": 0.0, "loss_tokens": 0,
+            "epoch": 0, "step_in_epoch": 0, "global_step": 0, "loss_sum": 0.0, "loss_count": 0,
             "best": None, "best_epoch": None, "bad_epochs": 0, "lr": config.optim.lr, "done": False,
             "metrics_bytes": 0,
         }
@@ -192,7 +200,7 @@ class Trainer:
         task.model.train()
         start, tokens_seen = time.perf_counter(), 0
         for index in range(state["step_in_epoch"], len(batches)):
-            loss, tokens = task.train_loss(batches[index])
+            loss, tokens, count = task.train_loss(batches[index])
             if not torch.isfinite(loss):
                 bar.close()
                 raise TrainingError(
@@ -205,15 +213,15 @@ class Trainer:
             if cfg.optim.clip_norm:
                 nn.utils.clip_grad_norm_(task.model.parameters(), cfg.optim.clip_norm)
             self.optimizer.step()
-            state["loss_sum"] += loss.item() * tokens
-            state["loss_tokens"] += tokens
+            state["loss_sum"] += loss.item() * count
+            state["loss_count"] += count
             state["step_in_epoch"] = index + 1
             state["global_step"] += 1
             tokens_seen += tokens
             bar.update(1)
             if bar.n % 10 == 0 or index + 1 == len(batches):
                 rate = tokens_seen / max(time.perf_counter() - start, 1e-9)
-                bar.set_postfix(loss=f"{state['loss_sum'] / max(state['loss_tokens'], 1):.4f}", tok_s=f"{rate:,.0f}")
+                bar.set_postfix(loss=f"{state['loss_sum'] / max(state['loss_count'], 1):.4f}", tok_s=f"{rate:,.0f}")
             if cfg.train.checkpoint_every and state["global_step"] % cfg.train.checkpoint_every == 0:
                 self._save_last()
             if self._budget_spent():
@@ -230,7 +238,7 @@ class Trainer:
         improved = best is None or (value > best if task.higher_is_better else value < best)
         record = {
             "event": "epoch", "epoch": epoch + 1, "lr": state["lr"],
-            "train_loss": state["loss_sum"] / max(state["loss_tokens"], 1),
+            "train_loss": state["loss_sum"] / max(state["loss_count"], 1),
             **{f"dev_{k}": v for k, v in dev.items()},
             "seconds": round(seconds, 3), "tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
         }
@@ -246,7 +254,7 @@ class Trainer:
         self._record(record)
         self._step_schedule(epoch, improved)
         patience = cfg.train.patience
-        state.update(epoch=epoch + 1, step_in_epoch=0, loss_sum=0.0, loss_tokens=0)
+        state.update(epoch=epoch + 1, step_in_epoch=0, loss_sum=0.0, loss_count=0)
         if patience is not None and state["bad_epochs"] >= patience:
             log.info("early stopping: no dev improvement for %d epochs", patience)
             state["done"] = True

@@ -100,9 +100,9 @@ def test_nan_loss_stops_with_message_and_keeps_checkpoint(toy_corpus, tmp_path, 
     original, calls = ClassificationTask.train_loss, []
 
     def poisoned(self, batch):
-        loss, tokens = original(self, batch)
+        step = original(self, batch)
         calls.append(1)
-        return (loss * float("nan") if len(calls) == 45 else loss), tokens
+        return step._replace(loss=step.loss * float("nan")) if len(calls) == 45 else step
 
     monkeypatch.setattr(ClassificationTask, "train_loss", poisoned)
     config = load_config(_config_yaml(toy_corpus, tmp_path))

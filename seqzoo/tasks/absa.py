@@ -38,6 +38,7 @@ from seqzoo.data.errors import DataError
 from seqzoo.data.text import Tokenizer, Vocab
 from seqzoo.poolers import build_pooler
 from seqzoo.tasks.common import accuracy_and_loss, epoch_seed, pretrained_vectors
+from seqzoo.training import StepLoss
 
 __all__ = [
     "ABSATask",
@@ -191,11 +192,11 @@ class ABSATask:
         seed = epoch_seed(self.config.train.seed, epoch)
         return bucket_batches(self._lengths("train"), self.config.train.batch_size, shuffle=True, seed=seed)
 
-    def train_loss(self, batch: list[int]) -> tuple[Tensor, int]:
+    def train_loss(self, batch: list[int]) -> StepLoss:
         data = self._batch("train", batch)
         loss = F.cross_entropy(self._logits(data), data.labels)
         aux = self.model.auxiliary_loss()
-        return (loss + aux if aux is not None else loss), int(data.mask.sum())
+        return StepLoss(loss + aux if aux is not None else loss, int(data.mask.sum()), len(batch))
 
     def evaluate(self, split: str) -> dict[str, float]:
         """``accuracy`` and mean cross-entropy ``loss`` over the examples of ``split``, and their number."""

@@ -22,6 +22,7 @@ from seqzoo.data.classification import ClassificationData, LabeledText, LabelSet
 from seqzoo.data.text import Tokenizer, Vocab
 from seqzoo.poolers import build_pooler
 from seqzoo.tasks.common import accuracy_and_loss, epoch_seed, pretrained_vectors
+from seqzoo.training import StepLoss
 
 __all__ = ["ClassificationTask", "TextClassifier", "build_tasks", "load_data", "load_trained"]
 
@@ -107,11 +108,11 @@ class ClassificationTask:
         seed = epoch_seed(self.config.train.seed, epoch)
         return bucket_batches(lengths, self.config.train.batch_size, shuffle=True, seed=seed)
 
-    def train_loss(self, batch: list[int]) -> tuple[Tensor, int]:
+    def train_loss(self, batch: list[int]) -> StepLoss:
         ids, mask, y = self._batch(self.splits["train"], batch)
         loss = F.cross_entropy(self.model(ids, mask), y)
         aux = self.model.auxiliary_loss()
-        return (loss + aux if aux is not None else loss), int(mask.sum())
+        return StepLoss(loss + aux if aux is not None else loss, int(mask.sum()), len(batch))
 
     def evaluate(self, split: str) -> dict[str, float]:
         data = self.splits[split]

@@ -36,6 +36,7 @@ from seqzoo.data.errors import DataError
 from seqzoo.data.lm import EOS, batchify, build_lm_vocab, read_lm_tokens, tbptt_batches
 from seqzoo.data.text import Vocab
 from seqzoo.plots import save_figure
+from seqzoo.training import StepLoss
 
 __all__ = [
     "LMTask",
@@ -140,7 +141,7 @@ class LMTask:
         """Window indices in stream order (TBPTT needs them sequential); the same every epoch."""
         return list(range(len(self._chunks)))
 
-    def train_loss(self, batch: int) -> tuple[Tensor, int]:
+    def train_loss(self, batch: int) -> StepLoss:
         """Mean NLL per target token of window ``batch`` (+ the encoder's auxiliary loss)."""
         if batch == 0:
             self._state = None
@@ -149,7 +150,7 @@ class LMTask:
         self._state = detach_state(state)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         aux = self.model.auxiliary_loss()
-        return (loss + aux if aux is not None else loss), y.numel()
+        return StepLoss(loss + aux if aux is not None else loss, y.numel(), y.numel())
 
     def extra_state(self) -> dict[str, Any]:
         """The carried training state, saved in ``last/`` so a resumed run continues exactly."""
