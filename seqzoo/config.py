@@ -25,6 +25,7 @@ __all__ = [
     "OptimConfig",
     "RunConfig",
     "TrainConfig",
+    "TranslationDataConfig",
     "config_from_dict",
     "config_to_dict",
     "load_config",
@@ -83,6 +84,20 @@ class ABSADataConfig:
 
 
 @dataclass
+class TranslationDataConfig:
+    """Line-aligned parallel text ``{data_dir}/{train,dev,test}.{source,target}[.gz]``, characters."""
+
+    data_dir: str = ""
+    source: str = "de"
+    target: str = "en"
+    max_chars: int | None = 300  # training pairs with a longer side are dropped (the paper: 300)
+    min_freq: int = 1
+    embedding_dim: int = 320
+    beam_size: int = 8  # dev / test decoding (MODELS.md 1.8)
+    length_alpha: float = 0.6  # α of the beam ranking criterion
+
+
+@dataclass
 class ModelConfig:
     encoder: str = "lstm"
     encoder_args: dict[str, Any] = field(default_factory=lambda: {"hidden_size": 128, "bidirectional": True})
@@ -124,16 +139,23 @@ class TrainConfig:
 
 @dataclass
 class RunConfig:
-    task: Literal["classification", "lm", "absa"] = "classification"
+    task: Literal["classification", "lm", "absa", "translation"] = "classification"
     name: str = "run"
     output_dir: str = "runs"
-    data: ClassificationDataConfig | LMDataConfig | ABSADataConfig = field(default_factory=ClassificationDataConfig)
+    data: ClassificationDataConfig | LMDataConfig | ABSADataConfig | TranslationDataConfig = field(
+        default_factory=ClassificationDataConfig
+    )
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
-_DATA_CONFIGS = {"classification": ClassificationDataConfig, "lm": LMDataConfig, "absa": ABSADataConfig}
+_DATA_CONFIGS = {
+    "classification": ClassificationDataConfig,
+    "lm": LMDataConfig,
+    "absa": ABSADataConfig,
+    "translation": TranslationDataConfig,
+}
 
 
 def _check_value(value: Any, hint: Any, key: str) -> Any:

@@ -33,6 +33,9 @@ class QRNNLayer(nn.Module):
 
     ``reverse=True`` makes the backward direction: each row is read from its last real token to
     its first, and the window looks ahead, ``[x_t, ..., x_{t+k-1}]`` (zeros past the row's end).
+    ``causal=False`` centres the window instead, ``[x_{t-⌊(k-1)/2⌋}, ..., x_{t+⌈(k-1)/2⌉}]`` with
+    zeros outside the row (the QRNN translation encoder, MODELS.md 1.7); it cannot carry inputs
+    across calls.
     """
 
     def __init__(
@@ -44,6 +47,7 @@ class QRNNLayer(nn.Module):
         zoneout: float = 0.0,
         bias: bool = True,
         reverse: bool = False,
+        causal: bool = True,
     ) -> None:
         super().__init__()
         if pooling not in POOLINGS:
@@ -53,7 +57,7 @@ class QRNNLayer(nn.Module):
         if not 0.0 <= zoneout < 1.0:
             raise ValueError(f"zoneout must be in [0, 1), got {zoneout}")
         self.input_size, self.hidden_size, self.window = input_size, hidden_size, window
-        self.pooling, self.zoneout, self.reverse = pooling, zoneout, reverse
+        self.pooling, self.zoneout, self.reverse, self.causal = pooling, zoneout, reverse, causal
         # W_z, W_f, W_o (, W_i) of all k taps as one matrix; output chunks in the order z, f, o, i.
         self.linear = nn.Linear(window * input_size, POOLINGS[pooling] * hidden_size, bias=bias)
 
@@ -67,11 +71,13 @@ class QRNNLayer(nn.Module):
             x_tail = x.new_zeros(batch, k - 1, self.input_size)
         if k == 1:
             padded = x  # (B, T + k - 1, n): window t is padded[:, t : t + k]
-        elif self.reverse:  # look-ahead window; frames past a row's end are zeros, as for the row alone
-            real = torch.arange(time, device=x.device) < lengths.unsqueeze(1)
-            padded = torch.cat([x * real.unsqueeze(-1), x.new_zeros(batch, k - 1, self.input_size)], 1)
-        else:  # masked convolution: [x_{t-k+1}, ..., x_t], the first frames from the previous chunk
+        elif self.causal and not self.reverse:  # masked convolution [x_{t-k+1}, ..., x_t]; first frames: previous chunk
             padded = torch.cat([x_tail, x], 1)
+        else:  # the window reaches `ahead` frames past t; frames past a row's end are zeros, as for the row alone
+            ahead = k - 1 if self.causal else k // 2
+            real = torch.arange(time, device=x.device) < lengths.unsqueeze(1)
+            zeros = [x.new_zeros(batch, size, self.input_size) for size in (k - 1 - ahead, ahead)]
+            padded = torch.cat([zeros[0], x * real.unsqueeze(-1), zeros[1]], 1)
         keep, keep_prob = None, 1.0
         if self.zoneout > 0:  # eq. 6
             if self.training:
@@ -86,7 +92,7 @@ class QRNNLayer(nn.Module):
 
     def _last_inputs(self, padded: Tensor, lengths: Tensor, x_tail: Tensor) -> Tensor:
         """The last k - 1 real inputs of each row (earlier chunks' inputs where the row is short)."""
-        if self.window == 1 or self.reverse:
+        if self.window == 1 or self.reverse or not self.causal:
             return x_tail
         index = lengths.view(-1, 1) + torch.arange(self.window - 1, device=padded.device)  # (B, k-1) into padded
         return padded.gather(1, index.unsqueeze(-1).expand(-1, -1, padded.shape[-1]))
@@ -94,7 +100,7 @@ class QRNNLayer(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"{self.input_size}, {self.hidden_size}, window={self.window}, pooling={self.pooling!r}, "
-            f"zoneout={self.zoneout}, reverse={self.reverse}"
+            f"zoneout={self.zoneout}, reverse={self.reverse}, causal={self.causal}"
         )
 
 
@@ -105,7 +111,8 @@ class QRNN(Encoder):
     Args follow ``torch.nn.LSTM`` where they overlap. ``window`` is the filter width k (one int
     or one per layer); ``pooling`` is ``"f"``, ``"fo"`` or ``"ifo"``; ``zoneout`` is p of eq. 6;
     ``dropout`` applies between layers (not after the last); ``dense=True`` feeds layer l the
-    concatenation ``[x; H^1; ...; H^{l-1}]`` and returns the last layer's output.
+    concatenation ``[x; H^1; ...; H^{l-1}]`` and returns the last layer's output; ``causal=False``
+    centres every window (:class:`QRNNLayer`), which makes the encoder non-causal and stateless.
     Input (B, T, input_size); output (B, T, hidden_size * directions).
     """
 
@@ -121,26 +128,30 @@ class QRNN(Encoder):
         zoneout: float = 0.0,
         dense: bool = False,
         bias: bool = True,
+        causal: bool = True,
     ) -> None:
         super().__init__(input_size, hidden_size, bidirectional=bidirectional)
         windows = [window] * num_layers if isinstance(window, int) else list(window)
         if num_layers < 1 or len(windows) != num_layers:
             raise ValueError(f"need num_layers >= 1 and one window per layer, got {num_layers} and {windows}")
-        self.stateful = not bidirectional
+        self.causal = self.causal and causal
+        self.stateful = self.causal
         self.num_layers, self.dense = num_layers, dense
         self.dropout = nn.Dropout(dropout)
         directions = (False, True) if bidirectional else (False,)
         out = self.output_size
         sizes = [input_size + i * out if dense else (input_size if i == 0 else out) for i in range(num_layers)]
         self.layers = nn.ModuleList(  # layers[l][d]: layer l, direction d (forward, then backward)
-            nn.ModuleList(QRNNLayer(n, hidden_size, k, pooling, zoneout, bias, reverse) for reverse in directions)
+            nn.ModuleList(
+                QRNNLayer(n, hidden_size, k, pooling, zoneout, bias, reverse, causal) for reverse in directions
+            )
             for n, k in zip(sizes, windows, strict=True)
         )
 
     def forward(self, x: Tensor, mask: Tensor | None = None, state: State = None) -> tuple[Tensor, State]:
         mask = check_mask(x, mask)
         if state is not None and not self.stateful:
-            raise ValueError("a bidirectional QRNN is not stateful; pass state=None")
+            raise ValueError("a bidirectional or non-causal QRNN is not stateful; pass state=None")
         lengths = lengths_from_mask(mask)
         states = state if state is not None else [(None, None)] * self.num_layers
         inputs, finals = x, []  # inputs: (B, T, n_l)

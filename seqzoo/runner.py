@@ -26,6 +26,7 @@ _TASK_MODULES = {
     "classification": "seqzoo.tasks.classification",
     "lm": "seqzoo.tasks.lm",
     "absa": "seqzoo.tasks.absa",
+    "translation": "seqzoo.tasks.translation",
 }
 
 

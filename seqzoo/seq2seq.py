@@ -1,0 +1,259 @@
+"""QRNN encoder–decoder with attention, and beam search with the paper's length criterion.
+
+Bradbury, Merity, Xiong, Socher. "Quasi-Recurrent Neural Networks". ICLR 2017, section 2.1
+(eqs. 7–8) and appendix (eqs. 9–11); specification ``MODELS.md`` 1.7–1.8.
+
+* **Encoder**: a stack of fo-pooling QRNN layers over the source fed **reversed** (each row's
+  real tokens back to front), with **centred, unmasked** windows (:class:`~seqzoo.qrnn.QRNNLayer`
+  with ``causal=False``). ``h̃_T^ℓ`` is layer ℓ's output at the row's last (reversed) position.
+* **Decoder layer ℓ** (eq. 7): masked convolution whose pre-activations get the encoder's
+  final state of the same layer added, ``Z = tanh(W_z ∗ X + V_z h̃_T^ℓ)`` and likewise F and O.
+* **Attention** (eq. 8), last decoder layer only: ``α_st = softmax_s(c_t · h̃_s)`` with the
+  decoder's un-gated cell state ``c_t``, ``k_t = Σ_s α_st h̃_s``, ``h_t = o_t ⊙ (W_k k_t + W_c c_t)``
+  (one ``Linear(2H, H)`` on ``[c_t; k_t]``, with bias as in the authors' code). The attention
+  output does not feed back into the recurrence, so training runs every step in parallel.
+* The source and target share one (unified, character) vocabulary and one embedding table.
+
+The authors' code attends over the encoder's cell states ``c̃`` instead of ``h̃`` (MODELS.md
+1.7); seqzoo implements the paper's ``h̃`` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from seqzoo.base import lengths_from_mask
+from seqzoo.kernels import qrnn_pool
+from seqzoo.qrnn import QRNNLayer
+
+__all__ = ["EncoderOutput", "QRNNDecoderLayer", "QRNNSeq2Seq", "beam_search", "length_normalized_score"]
+
+#: Decoder state: one ``(c (B, H), x_tail (B, k - 1, n))`` per layer.
+DecoderState = list[tuple[Tensor, Tensor]]
+
+
+class EncoderOutput(NamedTuple):
+    memory: Tensor  # (B, S, H) last encoder layer's outputs h̃_s (reversed source order)
+    mask: Tensor  # (B, S) True at real source positions
+    finals: list[Tensor]  # per layer ℓ: h̃_T^ℓ (B, H)
+
+    def repeat(self, times: int) -> EncoderOutput:
+        """Each row repeated ``times`` times in place (row b -> rows b·times ... b·times + times - 1), for beams."""
+        return EncoderOutput(*(t.repeat_interleave(times, 0) for t in (self.memory, self.mask)),
+                             [f.repeat_interleave(times, 0) for f in self.finals])
+
+
+def reverse_padded(x: Tensor, lengths: Tensor) -> Tensor:
+    """Each row's first ``lengths[b]`` positions in reverse order, pads left in place: x (B, T, ...)."""
+    time = torch.arange(x.shape[1], device=x.device)
+    index = torch.where(time < lengths.unsqueeze(1), lengths.unsqueeze(1) - 1 - time, time)  # (B, T)
+    return x.gather(1, index.view(*index.shape, *([1] * (x.dim() - 2))).expand_as(x))
+
+
+class QRNNDecoderLayer(nn.Module):
+    """One decoder layer: masked width-k convolution + fo-pooling conditioned on ``h̃_T`` (eq. 7),
+    with the attention output of eq. 8 when ``attention=True``."""
+
+    def __init__(self, input_size: int, hidden_size: int, window: int = 1, attention: bool = False) -> None:
+        super().__init__()
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.input_size, self.hidden_size, self.window = input_size, hidden_size, window
+        self.linear = nn.Linear(window * input_size, 3 * hidden_size)  # W_z, W_f, W_o over the window
+        self.condition = nn.Linear(hidden_size, 3 * hidden_size, bias=False)  # V_z, V_f, V_o
+        self.output = nn.Linear(2 * hidden_size, hidden_size) if attention else None  # [W_c | W_k]
+
+    def forward(
+        self, x: Tensor, lengths: Tensor, encoded: EncoderOutput, final: Tensor,
+        state: tuple[Tensor, Tensor] | None = None,
+    ) -> tuple[Tensor, tuple[Tensor, Tensor], Tensor | None]:
+        """x (B, T, n) -> h (B, T, H) zero at pads, the state after each row's last real step, and
+        the attention weights (B, T, S) (None without attention)."""
+        batch, time, _ = x.shape
+        k = self.window
+        c0, x_tail = state if state is not None else (None, x.new_zeros(batch, k - 1, self.input_size))
+        padded = torch.cat([x_tail, x], 1)  # (B, T + k - 1, n): window t is padded[:, t : t + k]
+        windows = torch.cat([padded[:, j : j + time] for j in range(k)], -1) if k > 1 else x
+        gates = self.linear(windows) + self.condition(final).unsqueeze(1)  # eq. 7, (B, T, 3H)
+        gates = gates.view(batch, time, 3, self.hidden_size)
+        index = lengths.view(-1, 1) + torch.arange(k - 1, device=x.device)  # last k - 1 real inputs
+        tail = padded.gather(1, index.unsqueeze(-1).expand(-1, -1, self.input_size))
+        if self.output is None:
+            h, c_last = qrnn_pool(gates, lengths, c0, pooling="fo")
+            return h, (c_last, tail), None
+        c, c_last = qrnn_pool(gates[:, :, :2], lengths, c0, pooling="f")  # un-gated cell states c_t (B, T, H)
+        scores = (c @ encoded.memory.transpose(1, 2)).masked_fill(~encoded.mask.unsqueeze(1), float("-inf"))
+        alpha = torch.softmax(scores, -1)  # eq. 8, (B, T, S)
+        context = alpha @ encoded.memory  # k_t (B, T, H)
+        real = (torch.arange(time, device=x.device) < lengths.unsqueeze(1)).unsqueeze(-1)
+        h = torch.sigmoid(gates[:, :, 2]) * self.output(torch.cat([c, context], -1)) * real
+        return h, (c_last, tail), alpha
+
+
+class QRNNSeq2Seq(nn.Module):
+    """QRNN encoder–decoder with attention (see the module docstring).
+
+    ``encoder_window`` / ``decoder_window``: one filter width for all layers or one per layer
+    (the paper's translation model: 6 for the first encoder layer, 2 elsewhere). ``dropout``
+    applies to embeddings and between layers (the paper uses none for translation).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        embedding_dim: int,
+        hidden_size: int,
+        num_layers: int = 4,
+        encoder_window: int | Sequence[int] = (6, 2, 2, 2),
+        decoder_window: int | Sequence[int] = 2,
+        dropout: float = 0.0,
+        pad_id: int = 0,
+    ) -> None:
+        super().__init__()
+
+        def per_layer(window: int | Sequence[int]) -> list[int]:
+            windows = [window] * num_layers if isinstance(window, int) else list(window)
+            if len(windows) != num_layers:
+                raise ValueError(f"need one window per layer ({num_layers}), got {windows}")
+            return windows
+
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        self.hidden_size, self.num_layers, self.pad_id = hidden_size, num_layers, pad_id
+        self.embedding = nn.Embedding(vocab_size, embedding_dim, padding_idx=pad_id)
+        sizes = [embedding_dim] + [hidden_size] * (num_layers - 1)
+        self.encoder = nn.ModuleList(
+            QRNNLayer(n, hidden_size, k, "fo", causal=False)
+            for n, k in zip(sizes, per_layer(encoder_window), strict=True)
+        )
+        self.decoder = nn.ModuleList(
+            QRNNDecoderLayer(n, hidden_size, k, attention=i == num_layers - 1)
+            for i, (n, k) in enumerate(zip(sizes, per_layer(decoder_window), strict=True))
+        )
+        self.dropout = nn.Dropout(dropout)
+        self.generator = nn.Linear(hidden_size, vocab_size)
+
+    def encode(self, src: Tensor, src_mask: Tensor) -> EncoderOutput:
+        """src (B, S) ids, src_mask (B, S) -> memory (B, S, H) and the final state of every layer."""
+        lengths = lengths_from_mask(src_mask)
+        if int(lengths.min()) < 1:
+            raise ValueError("every source row needs at least one real token")
+        x = self.dropout(self.embedding(reverse_padded(src, lengths)))  # reversed source (B, S, E)
+        last = (lengths - 1).view(-1, 1, 1).expand(-1, 1, self.hidden_size)
+        finals = []
+        for i, layer in enumerate(self.encoder):
+            x, _, _ = layer(x, lengths)  # (B, S, H)
+            finals.append(x.gather(1, last).squeeze(1))  # h̃_T of this layer (B, H)
+            if i < self.num_layers - 1:
+                x = self.dropout(x)
+        return EncoderOutput(x, src_mask, finals)
+
+    def decode(
+        self, tgt: Tensor, encoded: EncoderOutput, tgt_mask: Tensor | None = None, state: DecoderState | None = None
+    ) -> tuple[Tensor, DecoderState]:
+        """tgt (B, T) ids (``<bos>`` first) -> logits (B, T, V) of the next tokens, and the state
+        to continue from (decoding one step at a time equals decoding the whole prefix)."""
+        mask = tgt_mask if tgt_mask is not None else torch.ones_like(tgt, dtype=torch.bool)
+        lengths = lengths_from_mask(mask)
+        x = self.dropout(self.embedding(tgt))  # (B, T, E)
+        states = state if state is not None else [None] * self.num_layers
+        new_state: DecoderState = []
+        for i, (layer, final, s) in enumerate(zip(self.decoder, encoded.finals, states, strict=True)):
+            x, carried, _ = layer(x, lengths, encoded, final, s)
+            new_state.append(carried)
+            if i < self.num_layers - 1:
+                x = self.dropout(x)
+        return self.generator(self.dropout(x)), new_state
+
+    def forward(self, src: Tensor, src_mask: Tensor, tgt: Tensor, tgt_mask: Tensor) -> Tensor:
+        """Teacher-forced logits (B, T, V) for decoder inputs ``tgt`` (B, T)."""
+        return self.decode(tgt, self.encode(src, src_mask), tgt_mask)[0]
+
+
+def length_normalized_score(log_prob: Tensor | float, length: Tensor | float, target_length: Tensor | float,
+                            alpha: float) -> Tensor | float:
+    """Beam ranking criterion (appendix eq. 9): ``(T_trg / T)^α · Σ log P``.
+
+    ``length`` T is the hypothesis length in tokens (its ``<eos>`` included) and ``target_length``
+    T_trg the source length + 5. α = 0 is the plain summed log-probability (eq. 10); α = 1 is
+    the per-token mean up to the constant T_trg (eq. 11).
+    """
+    return (target_length / length) ** alpha * log_prob
+
+
+@torch.no_grad()
+def beam_search(
+    model: QRNNSeq2Seq,
+    src: Tensor,
+    src_mask: Tensor,
+    bos_id: int,
+    eos_id: int,
+    beam_size: int = 8,
+    alpha: float = 0.6,
+    max_len: int | None = None,
+) -> list[list[int]]:
+    """The best translation of each source row (ids without ``<bos>`` / ``<eos>``).
+
+    Every row keeps ``beam_size`` live hypotheses; a hypothesis that emits ``<eos>`` is scored
+    by :func:`length_normalized_score` (T_trg = source length + 5) and set aside. A row stops
+    once it has ``beam_size`` finished hypotheses (or after ``max_len`` tokens, default twice
+    the longest source + 10, when its live hypotheses are scored as they stand); the best
+    finished one wins. ``beam_size=1`` is greedy decoding.
+    """
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    was_training = model.training
+    model.eval()
+    batch, k = src.shape[0], beam_size
+    src_lengths = lengths_from_mask(src_mask)
+    target_lengths = (src_lengths + 5).tolist()
+    max_len = max_len or 2 * int(src_lengths.max()) + 10
+    encoded = model.encode(src, src_mask).repeat(k)
+    scores = src.new_full((batch, k), float("-inf"), dtype=torch.float32)
+    scores[:, 0] = 0.0  # the first step expands one hypothesis per row
+    hyps: list[list[list[int]]] = [[[] for _ in range(k)] for _ in range(batch)]
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
+    last, state = src.new_full((batch * k, 1), bos_id), None
+    for step in range(1, max_len + 1):
+        logits, state = model.decode(last, encoded, state=state)
+        log_probs = F.log_softmax(logits[:, 0].float(), -1)
+        log_probs[:, [model.pad_id, bos_id]] = float("-inf")
+        vocab = log_probs.shape[-1]
+        candidates = (scores.unsqueeze(-1) + log_probs.view(batch, k, vocab)).view(batch, -1)
+        top_scores, top_index = candidates.topk(min(2 * k, candidates.shape[1]), -1)  # (B, 2K)
+        new_scores = scores.new_full((batch, k), float("-inf"))
+        source_rows = torch.arange(batch * k).view(batch, k).clone()
+        new_last = last.new_full((batch, k), eos_id)
+        new_hyps: list[list[list[int]]] = [[[] for _ in range(k)] for _ in range(batch)]
+        for b in range(batch):
+            if len(finished[b]) >= k:
+                continue
+            kept = 0
+            for score, index in zip(top_scores[b].tolist(), top_index[b].tolist(), strict=True):
+                if score == float("-inf") or kept == k:
+                    break
+                beam, token = divmod(index, vocab)
+                if token == eos_id:
+                    finished[b].append((length_normalized_score(score, step, target_lengths[b], alpha), hyps[b][beam]))
+                    if len(finished[b]) >= k:
+                        break
+                    continue
+                new_scores[b, kept], source_rows[b, kept], new_last[b, kept] = score, b * k + beam, token
+                new_hyps[b][kept] = [*hyps[b][beam], token]
+                kept += 1
+        if all(len(f) >= k for f in finished):
+            break
+        rows = source_rows.view(-1)
+        state = [(c.index_select(0, rows), tail.index_select(0, rows)) for c, tail in state]
+        scores, hyps, last = new_scores, new_hyps, new_last.view(-1, 1)
+    else:  # out of steps: live hypotheses compete as they stand
+        for b in range(batch):
+            finished[b].extend((length_normalized_score(s, max_len, target_lengths[b], alpha), h)
+                               for s, h in zip(scores[b].tolist(), hyps[b], strict=True) if s > float("-inf"))
+    model.train(was_training)
+    return [max(f, key=lambda pair: pair[0])[1] if f else [] for f in finished]

@@ -1,0 +1,169 @@
+"""Character-level translation recipe: the QRNN paper's encoder–decoder (MODELS.md 1.7–1.9, TASKS.md 5).
+
+Data: ``{data_dir}/{train,dev,test}.{source,target}[.gz]`` (:mod:`seqzoo.data.translation`),
+read as characters with one vocabulary for both sides. Training pairs with a side longer than
+``data.max_chars`` are dropped (the paper: 300); dev and test are kept whole.
+
+Model: ``model.encoder`` must be ``"qrnn"``; ``model.encoder_args`` go to
+:class:`~seqzoo.seq2seq.QRNNSeq2Seq` (``hidden_size``, ``num_layers``, ``encoder_window``,
+``decoder_window``); ``model.dropout`` is its dropout; ``data.embedding_dim`` the embedding size.
+
+Metrics: ``loss`` is the teacher-forced mean NLL per target character (``<eos>`` included, in
+nats); ``bleu`` and ``chrf`` are sacrebleu corpus scores of the beam-search output
+(``data.beam_size``, ``data.length_alpha``) against the raw reference lines — the text is never
+tokenised by seqzoo, so this is BLEU on detokenized text with sacrebleu's default ``13a``
+tokenisation (its signature is logged). The dev metric for model selection is ``bleu``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from seqzoo.config import RunConfig, TranslationDataConfig
+from seqzoo.data.batching import bucket_batches, pad_batch
+from seqzoo.data.errors import DataError
+from seqzoo.data.text import Vocab
+from seqzoo.data.translation import BOS, EOS, build_char_vocab, find_parallel, read_parallel
+from seqzoo.seq2seq import QRNNSeq2Seq, beam_search
+from seqzoo.tasks.common import epoch_seed
+from seqzoo.training import StepLoss
+
+__all__ = ["TranslationTask", "build_tasks", "corpus_scores", "load_trained", "read_splits"]
+
+log = logging.getLogger("seqzoo")
+
+SPLITS = ("train", "dev", "test")
+
+
+def read_splits(cfg: TranslationDataConfig) -> dict[str, list[tuple[str, str]]]:
+    """The sentence pairs of every split; training pairs longer than ``cfg.max_chars`` dropped."""
+    if not cfg.data_dir:
+        raise DataError("data.data_dir is not set: translation needs {train,dev,test}.{source,target}")
+    pairs = {split: read_parallel(*find_parallel(cfg.data_dir, split, cfg.source, cfg.target)) for split in SPLITS}
+    if cfg.max_chars:
+        kept = [p for p in pairs["train"] if max(map(len, p)) <= cfg.max_chars]
+        log.info("train: %d pairs, %d longer than %d characters dropped",
+                 len(kept), len(pairs["train"]) - len(kept), cfg.max_chars)
+        pairs["train"] = kept
+    return pairs
+
+
+def corpus_scores(hypotheses: list[str], references: list[str]) -> dict[str, float]:
+    """sacrebleu corpus BLEU and chrF (the ``bleu`` extra: ``pip install seqzoo[bleu]``)."""
+    try:
+        import sacrebleu
+    except ImportError:
+        raise ImportError("BLEU needs sacrebleu: pip install 'seqzoo[bleu]'") from None
+    bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
+    scores = {"bleu": bleu.corpus_score(hypotheses, [references]).score,
+              "chrf": chrf.corpus_score(hypotheses, [references]).score}
+    log.info("sacrebleu %s | %s", bleu.get_signature(), chrf.get_signature())
+    return scores
+
+
+class TranslationTask:
+    """The :class:`seqzoo.training.Task` for character-level translation (module docstring).
+
+    ``pairs`` maps split names to ``(source, target)`` sentence pairs; it may be empty when
+    ``vocab`` is given (a model loaded only to translate).
+    """
+
+    metric = "bleu"
+    higher_is_better = True
+
+    def __init__(self, config: RunConfig, pairs: dict[str, list[tuple[str, str]]], vocab: Vocab | None = None) -> None:
+        self.config = config
+        data: TranslationDataConfig = config.data
+        if config.model.encoder != "qrnn":
+            raise ValueError(
+                f"translation implements the QRNN encoder-decoder; model.encoder is {config.model.encoder!r}"
+            )
+        self.vocab = vocab or build_char_vocab((text for pair in pairs["train"] for text in pair), data.min_freq)
+        self.bos_id, self.eos_id = self.vocab.token_to_id(BOS), self.vocab.token_to_id(EOS)
+        self.pairs = pairs
+        self.ids = {split: [(self.vocab.encode(s), self.vocab.encode(t)) for s, t in p] for split, p in pairs.items()}
+        self.model = QRNNSeq2Seq(len(self.vocab), data.embedding_dim, dropout=config.model.dropout,
+                                 pad_id=self.vocab.pad_id, **config.model.encoder_args)
+
+    def _batch(self, split: str, indices: list[int]) -> tuple[Tensor, ...]:
+        """src, src_mask, decoder input (``<bos>`` + target), its mask, output (target + ``<eos>``)."""
+        pairs = [self.ids[split][i] for i in indices]
+        src, src_mask = pad_batch([s for s, _ in pairs])
+        tgt_in, tgt_mask = pad_batch([[self.bos_id, *t] for _, t in pairs])
+        tgt_out, _ = pad_batch([[*t, self.eos_id] for _, t in pairs])
+        return src, src_mask, tgt_in, tgt_mask, tgt_out
+
+    def train_batches(self, epoch: int) -> list[list[int]]:
+        lengths = [max(len(s), len(t)) for s, t in self.ids["train"]]
+        seed = epoch_seed(self.config.train.seed, epoch)
+        return bucket_batches(lengths, self.config.train.batch_size, shuffle=True, seed=seed)
+
+    def _nll(self, split: str, indices: list[int]) -> tuple[Tensor, int, int]:
+        """Summed target NLL of a batch, its target count and its token count (both sides)."""
+        src, src_mask, tgt_in, tgt_mask, tgt_out = self._batch(split, indices)
+        logits = self.model(src, src_mask, tgt_in, tgt_mask)  # (B, T, V)
+        nll = F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=self.vocab.pad_id, reduction="sum")
+        targets = int(tgt_mask.sum())
+        return nll, targets, targets + int(src_mask.sum())
+
+    def train_loss(self, batch: list[int]) -> StepLoss:
+        nll, targets, tokens = self._nll("train", batch)
+        return StepLoss(nll / targets, tokens, targets)
+
+    def evaluate(self, split: str) -> dict[str, float]:
+        """``loss`` (teacher-forced NLL per target character), ``bleu`` and ``chrf`` of the beam output."""
+        if split not in self.ids:
+            raise ValueError(f"split {split!r} is not loaded (loaded: {', '.join(self.ids) or 'none'})")
+        size = self.config.train.eval_batch_size
+        was_training = self.model.training
+        self.model.eval()
+        nll, targets = 0.0, 0
+        with torch.no_grad():
+            for indices in bucket_batches([len(t) for _, t in self.ids[split]], size, shuffle=False):
+                batch_nll, batch_targets, _ = self._nll(split, indices)
+                nll, targets = nll + float(batch_nll), targets + batch_targets
+        self.model.train(was_training)
+        sources, references = zip(*self.pairs[split], strict=True)
+        return {"loss": nll / targets, **corpus_scores(self.translate(list(sources)), list(references))}
+
+    def translate(self, texts: list[str], beam_size: int | None = None, alpha: float | None = None) -> list[str]:
+        """Beam-search translations of raw source sentences, in input order."""
+        data: TranslationDataConfig = self.config.data
+        ids = [self.vocab.encode(text) for text in texts]
+        out: list[str] = [""] * len(texts)
+        for indices in bucket_batches([len(s) for s in ids], self.config.train.eval_batch_size, shuffle=False):
+            src, src_mask = pad_batch([ids[i] for i in indices])
+            best = beam_search(self.model, src, src_mask, self.bos_id, self.eos_id,
+                               beam_size or data.beam_size, data.length_alpha if alpha is None else alpha)
+            for i, hypothesis in zip(indices, best, strict=True):
+                out[i] = "".join(self.vocab.decode(hypothesis))
+        return out
+
+    def predict(self, texts: list[str]) -> list[dict[str, Any]]:
+        """``seqzoo predict``: one ``{"translation": ...}`` per source sentence."""
+        return [{"translation": t} for t in self.translate(texts)]
+
+    def documents(self) -> dict[str, Any]:
+        data: TranslationDataConfig = self.config.data
+        return {"vocab.json": self.vocab.to_dict(), "translation.json": {"source": data.source, "target": data.target}}
+
+
+def build_tasks(config: RunConfig) -> list[tuple[str, TranslationTask]]:
+    return [("", TranslationTask(config, read_splits(config.data)))]
+
+
+def load_trained(config: RunConfig, best: Path, with_data: bool = True) -> TranslationTask:
+    """Rebuild a trained translation model from a ``best/`` checkpoint directory."""
+    from seqzoo.checkpoint import load_tensors
+    from seqzoo.data.io import read_json
+
+    pairs = read_splits(config.data) if with_data else {}
+    task = TranslationTask(config, pairs, vocab=Vocab.from_dict(read_json(best / "vocab.json")))
+    task.model.load_state_dict(load_tensors(best / "model.safetensors"))
+    return task

@@ -1,0 +1,246 @@
+"""QRNN encoder–decoder (eqs. 7–8), beam search (appendix eq. 9) and the translation recipe."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from seqzoo.base import lengths_from_mask
+from seqzoo.cli import main
+from seqzoo.config import load_config
+from seqzoo.data.batching import pad_batch
+from seqzoo.data.errors import DataError
+from seqzoo.data.translation import read_parallel
+from seqzoo.qrnn import QRNN, QRNNLayer
+from seqzoo.seq2seq import (
+    EncoderOutput,
+    QRNNDecoderLayer,
+    QRNNSeq2Seq,
+    beam_search,
+    length_normalized_score,
+    reverse_padded,
+)
+from seqzoo.testing import assert_contract
+
+BOS, EOS = 2, 3
+
+
+def _model(seed: int = 0, **kwargs) -> QRNNSeq2Seq:
+    torch.manual_seed(seed)
+    args = {"num_layers": 3, "encoder_window": [3, 2, 1], "decoder_window": [2, 2, 1]} | kwargs
+    return QRNNSeq2Seq(12, 6, 5, **args).double().eval()
+
+
+def _ids(rows: list[list[int]]):
+    return pad_batch(rows)
+
+
+@pytest.mark.parametrize("window", [1, 2, 3, 4])
+def test_centred_window_is_a_direct_convolution(window):
+    torch.manual_seed(0)
+    layer = QRNNLayer(3, 4, window, "fo", causal=False).double()
+    x = torch.randn(2, 6, 3, dtype=torch.float64)
+    lengths = torch.tensor([6, 4])
+    h, _, _ = layer(x, lengths)
+    left = (window - 1) // 2
+    for b, n in enumerate(lengths.tolist()):
+        row = F.pad(x[b, :n], (0, 0, left, window - 1 - left))  # zeros outside the row
+        windows = torch.cat([row[j : j + n] for j in range(window)], -1)
+        z, f, o = layer.linear(windows).view(n, 3, 4).unbind(1)
+        c, expected = torch.zeros(4, dtype=torch.float64), []
+        for t in range(n):
+            c = torch.sigmoid(f[t]) * c + (1 - torch.sigmoid(f[t])) * torch.tanh(z[t])
+            expected.append(torch.sigmoid(o[t]) * c)
+        torch.testing.assert_close(h[b, :n], torch.stack(expected))
+        assert not h[b, n:].any()
+
+
+def test_non_causal_qrnn_contract():
+    torch.manual_seed(0)
+    encoder = QRNN(6, 5, num_layers=2, window=[4, 2], causal=False)
+    assert not encoder.causal and not encoder.stateful
+    assert_contract(encoder)
+
+
+def test_reverse_padded_flips_real_tokens_only():
+    ids, mask = _ids([[4, 5, 6], [7, 8]])
+    torch.testing.assert_close(reverse_padded(ids, lengths_from_mask(mask)), torch.tensor([[6, 5, 4], [8, 7, 0]]))
+
+
+def test_padded_pair_equals_the_pair_alone():
+    model = _model()
+    src, src_mask = _ids([[4, 5, 6, 7, 8], [9, 10]])
+    tgt, tgt_mask = _ids([[BOS, 4, 5], [BOS, 6, 7, 8, 9]])
+    batched = model(src, src_mask, tgt, tgt_mask)
+    for b in range(2):
+        s, t = src[b : b + 1, : int(src_mask[b].sum())], tgt[b : b + 1, : int(tgt_mask[b].sum())]
+        alone = model(s, torch.ones_like(s, dtype=torch.bool), t, torch.ones_like(t, dtype=torch.bool))
+        torch.testing.assert_close(batched[b, : t.shape[1]], alone[0])
+
+
+def test_stepwise_decoding_equals_whole_prefix():
+    model = _model()
+    src, src_mask = _ids([[4, 5, 6, 7], [9, 10, 11]])
+    tgt = torch.tensor([[BOS, 4, 5, 6, 7], [BOS, 8, 9, 10, 11]])
+    encoded = model.encode(src, src_mask)
+    whole, _ = model.decode(tgt, encoded)
+    state, steps = None, []
+    for t in range(tgt.shape[1]):
+        logits, state = model.decode(tgt[:, t : t + 1], encoded, state=state)
+        steps.append(logits)
+    torch.testing.assert_close(torch.cat(steps, 1), whole)
+
+
+def test_attention_ignores_source_padding_and_encoder_state_conditions_every_layer():
+    model = _model()
+    src, src_mask = _ids([[4, 5, 6], [7, 8]])
+    encoded = model.encode(src, src_mask)
+    tgt = torch.tensor([[BOS, 4], [BOS, 5]])
+    x = model.embedding(tgt)
+    _, _, alpha = model.decoder[-1](torch.randn(2, 2, 5, dtype=torch.float64), torch.tensor([2, 2]),
+                                    encoded, encoded.finals[-1])
+    assert alpha[1, :, 2].eq(0).all() and torch.allclose(alpha.sum(-1), torch.ones(2, 2, dtype=torch.float64))
+    # eq. 7: changing the encoder's final state of layer 0 changes the first decoder layer's output
+    h, _, _ = model.decoder[0](x, torch.tensor([2, 2]), encoded, encoded.finals[0])
+    h2, _, _ = model.decoder[0](x, torch.tensor([2, 2]), encoded, encoded.finals[0] + 1)
+    assert not torch.allclose(h, h2)
+
+
+@pytest.mark.parametrize("attention", [False, True])
+def test_decoder_layer_gradcheck(attention):
+    torch.manual_seed(0)
+    layer = QRNNDecoderLayer(3, 4, window=2, attention=attention).double()
+    memory = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    x = torch.randn(2, 4, 3, dtype=torch.float64, requires_grad=True)
+    final = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([4, 3])
+
+    def run(x, memory, final):
+        return layer(x, lengths, EncoderOutput(memory, mask, [final]), final)[0]
+
+    assert torch.autograd.gradcheck(run, (x, memory, final))
+
+
+def test_length_criterion_limits():
+    assert length_normalized_score(-6.0, 3, 10, 0.0) == -6.0  # eq. 10: summed log-probability
+    assert length_normalized_score(-6.0, 3, 10, 1.0) == pytest.approx(10 * -6.0 / 3)  # eq. 11: T_trg x mean
+    # with alpha = 1 a longer hypothesis with the same mean log-probability ties
+    assert length_normalized_score(-4.0, 2, 7, 1.0) == pytest.approx(length_normalized_score(-8.0, 4, 7, 1.0))
+
+
+def _greedy(model, src, src_mask, max_len):
+    encoded, out = model.encode(src, src_mask), []
+    last, state = torch.tensor([[BOS]]), None
+    for _ in range(max_len):
+        logits, state = model.decode(last, encoded, state=state)
+        logits[0, -1, [0, BOS]] = -math.inf
+        token = int(logits[0, -1].argmax())
+        if token == EOS:
+            break
+        out.append(token)
+        last = torch.tensor([[token]])
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_beam_of_one_is_greedy(seed):
+    model = _model(seed)
+    src, src_mask = _ids([[4, 5, 6, 7]])
+    assert beam_search(model, src, src_mask, BOS, EOS, beam_size=1, max_len=12) == [_greedy(model, src, src_mask, 12)]
+
+
+def test_beam_finds_the_best_scoring_hypothesis_on_a_tiny_model():
+    """With alpha = 0 and a vocabulary small enough to enumerate, a wide beam returns the
+    highest-probability complete sequence of up to 3 tokens (exhaustive search by hand)."""
+    torch.manual_seed(3)
+    model = QRNNSeq2Seq(6, 4, 3, num_layers=1, encoder_window=1, decoder_window=1).double().eval()
+    with torch.no_grad():
+        model.generator.bias[EOS] += 1.5  # make short hypotheses likely, so search finishes in 3 steps
+    src, src_mask = _ids([[4, 5]])
+    encoded = model.encode(src, src_mask)
+
+    @torch.no_grad()
+    def log_prob(seq):
+        tgt = torch.tensor([[BOS, *seq]])
+        logp = F.log_softmax(model.decode(tgt, encoded)[0][0], -1)
+        return float(sum(logp[i, tok] for i, tok in enumerate([*seq, EOS])))
+
+    import itertools
+
+    candidates = [list(c) for n in range(3) for c in itertools.product([1, 4, 5], repeat=n)]
+    best = max(candidates, key=log_prob)
+    found = beam_search(model, src, src_mask, BOS, EOS, beam_size=50, alpha=0.0, max_len=3)
+    assert log_prob(found[0]) == pytest.approx(log_prob(best))
+
+
+def test_read_parallel_names_the_short_file(tmp_path):
+    (tmp_path / "a.de").write_text("eins\nzwei\n", encoding="utf-8")
+    (tmp_path / "a.en").write_text("one\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"a\.en:2: has 1 lines"):
+        read_parallel(tmp_path / "a.de", tmp_path / "a.en")
+    (tmp_path / "a.en").write_text("one\n\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"a\.en:2: empty line"):
+        read_parallel(tmp_path / "a.de", tmp_path / "a.en")
+
+
+def _write_copy_corpus(root: Path) -> None:
+    """A toy 'translation' that reverses words, enough for the pipeline to learn something."""
+    import random
+
+    rng = random.Random(0)
+    words = ["ab", "cd", "ef", "gh", "ij"]
+    for split, n in (("train", 800), ("dev", 20), ("test", 20)):
+        src = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 6))) for _ in range(n)]
+        (root / f"{split}.de").write_text("\n".join(src) + "\n", encoding="utf-8")
+        (root / f"{split}.en").write_text("\n".join(s[::-1] for s in src) + "\n", encoding="utf-8")
+
+
+def test_translation_recipe_end_to_end(tmp_path, capsys):
+    pytest.importorskip("sacrebleu")
+    _write_copy_corpus(tmp_path)
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"""
+name: toy_translation
+task: translation
+data: {{data_dir: {tmp_path}, max_chars: 300, embedding_dim: 16, beam_size: 4}}
+model: {{encoder: qrnn, encoder_args: {{hidden_size: 32, num_layers: 2, encoder_window: [3, 2], decoder_window: 2}},
+        dropout: 0.0}}
+optim: {{optimizer: adam, lr: 0.01}}
+train: {{epochs: 8, patience: null, batch_size: 16, eval_batch_size: 32, progress: false, threads: 1}}
+""", encoding="utf-8")
+    run_dir = tmp_path / "run"
+    assert main(["train", str(config), "--run-dir", str(run_dir)]) == 0
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    test = next(r for r in records if r.get("event") == "test")
+    assert test["test_bleu"] > 50 and test["test_chrf"] > 50  # learnt the reversal, not noise
+    source = tmp_path / "input.txt"
+    source.write_text("ab cd ef gh\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["predict", str(run_dir), "--input", str(source)]) == 0
+    assert json.loads(capsys.readouterr().out)["translation"] == "hg fe dc ba"
+
+
+def test_translation_config_rejects_other_encoders(tmp_path):
+    _write_copy_corpus(tmp_path)
+    from seqzoo.tasks.translation import TranslationTask, read_splits
+
+    cfg = load_config(None, ["task=translation", f"data.data_dir={tmp_path}", "model.encoder=lstm"])
+    with pytest.raises(ValueError, match="QRNN encoder-decoder"):
+        TranslationTask(cfg, read_splits(cfg.data))
+
+
+def test_paper_protocol_config():
+    """configs/translation_de_en_qrnn.yaml holds the QRNN paper's translation settings (MODELS.md 1.9)."""
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "translation_de_en_qrnn.yaml")
+    args = cfg.model.encoder_args
+    assert (cfg.task, args["hidden_size"], args["num_layers"]) == ("translation", 320, 4)
+    assert (args["encoder_window"], args["decoder_window"], cfg.model.dropout) == ([6, 2, 2, 2], 2, 0.0)
+    assert (cfg.data.beam_size, cfg.data.length_alpha, cfg.data.max_chars) == (8, 0.6, 300)
+    assert (cfg.optim.optimizer, cfg.optim.lr, cfg.optim.clip_norm, cfg.train.batch_size) == ("adam", 0.001, 5.0, 16)
