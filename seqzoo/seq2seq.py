@@ -214,46 +214,41 @@ def beam_search(
     target_lengths = (src_lengths + 5).tolist()
     max_len = max_len or 2 * int(src_lengths.max()) + 10
     encoded = model.encode(src, src_mask).repeat(k)
-    scores = src.new_full((batch, k), float("-inf"), dtype=torch.float32)
+    scores = torch.full((batch, k), float("-inf"))
     scores[:, 0] = 0.0  # the first step expands one hypothesis per row
-    hyps: list[list[list[int]]] = [[[] for _ in range(k)] for _ in range(batch)]
+    history = src.new_zeros(batch, k, 0)  # tokens of the live hypotheses (B, K, step - 1)
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
     last, state = src.new_full((batch * k, 1), bos_id), None
+    offsets = torch.arange(batch).unsqueeze(1) * k  # (B, 1) first flat row of each sentence
     for step in range(1, max_len + 1):
         logits, state = model.decode(last, encoded, state=state)
         log_probs = F.log_softmax(logits[:, 0].float(), -1)
         log_probs[:, [model.pad_id, bos_id]] = float("-inf")
         vocab = log_probs.shape[-1]
         candidates = (scores.unsqueeze(-1) + log_probs.view(batch, k, vocab)).view(batch, -1)
-        top_scores, top_index = candidates.topk(min(2 * k, candidates.shape[1]), -1)  # (B, 2K)
-        new_scores = scores.new_full((batch, k), float("-inf"))
-        source_rows = torch.arange(batch * k).view(batch, k).clone()
-        new_last = last.new_full((batch, k), eos_id)
-        new_hyps: list[list[list[int]]] = [[[] for _ in range(k)] for _ in range(batch)]
-        for b in range(batch):
-            if len(finished[b]) >= k:
-                continue
-            kept = 0
-            for score, index in zip(top_scores[b].tolist(), top_index[b].tolist(), strict=True):
-                if score == float("-inf") or kept == k:
-                    break
-                beam, token = divmod(index, vocab)
-                if token == eos_id:
-                    finished[b].append((length_normalized_score(score, step, target_lengths[b], alpha), hyps[b][beam]))
-                    if len(finished[b]) >= k:
-                        break
-                    continue
-                new_scores[b, kept], source_rows[b, kept], new_last[b, kept] = score, b * k + beam, token
-                new_hyps[b][kept] = [*hyps[b][beam], token]
-                kept += 1
-        if all(len(f) >= k for f in finished):
+        top_scores, top_index = candidates.topk(min(2 * k, candidates.shape[1]), -1)  # (B, 2K), best first
+        beams, tokens = top_index // vocab, top_index % vocab
+        ends = (tokens == eos_id) & torch.isfinite(top_scores)
+        # candidates are taken best first until K continue; <eos> ones met before that end hypotheses
+        continuing_before = torch.cumsum(~ends, 1) - (~ends).long()
+        for b, j in ((ends & (continuing_before < k)).nonzero().tolist()):
+            if len(finished[b]) < k:
+                score = length_normalized_score(float(top_scores[b, j]), step, target_lengths[b], alpha)
+                finished[b].append((score, history[b, int(beams[b, j])].tolist()))
+        done = torch.tensor([len(f) >= k for f in finished])
+        if bool(done.all()):
             break
-        rows = source_rows.view(-1)
+        keep = torch.sort(ends.int(), dim=1, stable=True).indices[:, :k]  # the first K continuing candidates
+        beams, tokens = beams.gather(1, keep), tokens.gather(1, keep)
+        scores = top_scores.gather(1, keep).masked_fill(done.unsqueeze(1), float("-inf"))
+        history = torch.cat([history.gather(1, beams.unsqueeze(-1).expand_as(history)), tokens.unsqueeze(-1)], -1)
+        rows = (offsets + beams).view(-1)
         state = [(c.index_select(0, rows), tail.index_select(0, rows)) for c, tail in state]
-        scores, hyps, last = new_scores, new_hyps, new_last.view(-1, 1)
+        last = tokens.view(-1, 1)
     else:  # out of steps: live hypotheses compete as they stand
         for b in range(batch):
             finished[b].extend((length_normalized_score(s, max_len, target_lengths[b], alpha), h)
-                               for s, h in zip(scores[b].tolist(), hyps[b], strict=True) if s > float("-inf"))
+                               for s, h in zip(scores[b].tolist(), history[b].tolist(), strict=True)
+                               if s > float("-inf"))
     model.train(was_training)
     return [max(f, key=lambda pair: pair[0])[1] if f else [] for f in finished]

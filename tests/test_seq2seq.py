@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -36,10 +37,6 @@ def _model(seed: int = 0, **kwargs) -> QRNNSeq2Seq:
     return QRNNSeq2Seq(12, 6, 5, **args).double().eval()
 
 
-def _ids(rows: list[list[int]]):
-    return pad_batch(rows)
-
-
 @pytest.mark.parametrize("window", [1, 2, 3, 4])
 def test_centred_window_is_a_direct_convolution(window):
     torch.manual_seed(0)
@@ -68,14 +65,14 @@ def test_non_causal_qrnn_contract():
 
 
 def test_reverse_padded_flips_real_tokens_only():
-    ids, mask = _ids([[4, 5, 6], [7, 8]])
+    ids, mask = pad_batch([[4, 5, 6], [7, 8]])
     torch.testing.assert_close(reverse_padded(ids, lengths_from_mask(mask)), torch.tensor([[6, 5, 4], [8, 7, 0]]))
 
 
 def test_padded_pair_equals_the_pair_alone():
     model = _model()
-    src, src_mask = _ids([[4, 5, 6, 7, 8], [9, 10]])
-    tgt, tgt_mask = _ids([[BOS, 4, 5], [BOS, 6, 7, 8, 9]])
+    src, src_mask = pad_batch([[4, 5, 6, 7, 8], [9, 10]])
+    tgt, tgt_mask = pad_batch([[BOS, 4, 5], [BOS, 6, 7, 8, 9]])
     batched = model(src, src_mask, tgt, tgt_mask)
     for b in range(2):
         s, t = src[b : b + 1, : int(src_mask[b].sum())], tgt[b : b + 1, : int(tgt_mask[b].sum())]
@@ -85,7 +82,7 @@ def test_padded_pair_equals_the_pair_alone():
 
 def test_stepwise_decoding_equals_whole_prefix():
     model = _model()
-    src, src_mask = _ids([[4, 5, 6, 7], [9, 10, 11]])
+    src, src_mask = pad_batch([[4, 5, 6, 7], [9, 10, 11]])
     tgt = torch.tensor([[BOS, 4, 5, 6, 7], [BOS, 8, 9, 10, 11]])
     encoded = model.encode(src, src_mask)
     whole, _ = model.decode(tgt, encoded)
@@ -98,7 +95,7 @@ def test_stepwise_decoding_equals_whole_prefix():
 
 def test_attention_ignores_source_padding_and_encoder_state_conditions_every_layer():
     model = _model()
-    src, src_mask = _ids([[4, 5, 6], [7, 8]])
+    src, src_mask = pad_batch([[4, 5, 6], [7, 8]])
     encoded = model.encode(src, src_mask)
     tgt = torch.tensor([[BOS, 4], [BOS, 5]])
     x = model.embedding(tgt)
@@ -151,7 +148,7 @@ def _greedy(model, src, src_mask, max_len):
 @pytest.mark.parametrize("seed", range(4))
 def test_beam_of_one_is_greedy(seed):
     model = _model(seed)
-    src, src_mask = _ids([[4, 5, 6, 7]])
+    src, src_mask = pad_batch([[4, 5, 6, 7]])
     assert beam_search(model, src, src_mask, BOS, EOS, beam_size=1, max_len=12) == [_greedy(model, src, src_mask, 12)]
 
 
@@ -162,7 +159,7 @@ def test_beam_finds_the_best_scoring_hypothesis_on_a_tiny_model():
     model = QRNNSeq2Seq(6, 4, 3, num_layers=1, encoder_window=1, decoder_window=1).double().eval()
     with torch.no_grad():
         model.generator.bias[EOS] += 1.5  # make short hypotheses likely, so search finishes in 3 steps
-    src, src_mask = _ids([[4, 5]])
+    src, src_mask = pad_batch([[4, 5]])
     encoded = model.encode(src, src_mask)
 
     @torch.no_grad()
@@ -170,8 +167,6 @@ def test_beam_finds_the_best_scoring_hypothesis_on_a_tiny_model():
         tgt = torch.tensor([[BOS, *seq]])
         logp = F.log_softmax(model.decode(tgt, encoded)[0][0], -1)
         return float(sum(logp[i, tok] for i, tok in enumerate([*seq, EOS])))
-
-    import itertools
 
     candidates = [list(c) for n in range(3) for c in itertools.product([1, 4, 5], repeat=n)]
     best = max(candidates, key=log_prob)

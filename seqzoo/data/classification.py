@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from seqzoo.data.errors import DataError
-from seqzoo.data.io import open_text
+from seqzoo.data.io import find_file, open_text
 
 __all__ = [
     "ClassificationData",
@@ -115,11 +115,7 @@ class LabelSet:
 
 def find_split(data_dir: str | PathLike[str], task: str, split: str) -> Path | None:
     """``data_dir/task.split`` or ``data_dir/task.split.gz``, whichever exists (None if neither)."""
-    plain = Path(data_dir) / f"{task}.{split}"
-    gz = plain.with_name(plain.name + ".gz")
-    if plain.is_file() and gz.is_file():
-        raise DataError(f"both {plain.name} and {gz.name} exist; remove one", data_dir)
-    return plain if plain.is_file() else gz if gz.is_file() else None
+    return find_file(data_dir, f"{task}.{split}")
 
 
 def bundled_corpus_dir() -> Path:

@@ -27,9 +27,11 @@ __all__ = [
     "LineReader",
     "atomic_write_bytes",
     "atomic_write_text",
+    "find_file",
     "open_text",
     "read_json",
     "read_text",
+    "require_file",
     "write_json",
 ]
 
@@ -83,6 +85,24 @@ class LineReader:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def find_file(directory: PathLike, name: str) -> Path | None:
+    """``directory/name`` or ``directory/name.gz``, whichever exists (None if neither; both is an error)."""
+    plain = Path(directory) / name
+    gz = plain.with_name(name + ".gz")
+    if plain.is_file() and gz.is_file():
+        raise DataError(f"both {plain.name} and {gz.name} exist; remove one", directory)
+    return plain if plain.is_file() else gz if gz.is_file() else None
+
+
+def require_file(directory: PathLike, name: str) -> Path:
+    """:func:`find_file`, or a :class:`DataError` naming the missing file."""
+    path = find_file(directory, name)
+    if path is None:
+        hint = " (an environment variable in the data directory is not set)" if "$" in str(directory) else ""
+        raise DataError(f"no {name} or {name}.gz{hint}", directory)
+    return path
 
 
 def open_text(path: PathLike) -> LineReader:

@@ -12,7 +12,7 @@ from os import PathLike
 from pathlib import Path
 
 from seqzoo.data.errors import DataError
-from seqzoo.data.io import open_text
+from seqzoo.data.io import open_text, require_file
 from seqzoo.data.text import Vocab
 
 __all__ = ["BOS", "EOS", "build_char_vocab", "find_parallel", "read_lines", "read_parallel"]
@@ -45,15 +45,7 @@ def read_parallel(source: str | PathLike[str], target: str | PathLike[str]) -> l
 
 def find_parallel(data_dir: str | PathLike[str], split: str, source: str, target: str) -> tuple[Path, Path]:
     """``{data_dir}/{split}.{source}`` and ``.{target}`` (each optionally ``.gz``)."""
-    found = []
-    for lang in (source, target):
-        stem = Path(data_dir) / f"{split}.{lang}"
-        path = next((p for p in (stem, stem.with_name(stem.name + ".gz")) if p.exists()), None)
-        if path is None:
-            hint = " (an environment variable in data.data_dir is not set)" if "$" in str(data_dir) else ""
-            raise DataError(f"no {stem.name} or {stem.name}.gz{hint}", data_dir)
-        found.append(path)
-    return found[0], found[1]
+    return require_file(data_dir, f"{split}.{source}"), require_file(data_dir, f"{split}.{target}")
 
 
 def build_char_vocab(texts: Iterable[str], min_freq: int = 1) -> Vocab:

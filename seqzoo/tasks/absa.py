@@ -52,6 +52,7 @@ __all__ = [
     "make_batch",
 ]
 
+
 @dataclass
 class AspectBatch:
     """Sentence ``ids`` / ``mask`` (B, T), aspect ``aspect_ids`` / ``aspect_mask`` (B, A), ``labels`` (B,)."""

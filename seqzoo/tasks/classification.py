@@ -26,6 +26,7 @@ from seqzoo.training import StepLoss
 
 __all__ = ["ClassificationTask", "TextClassifier", "build_tasks", "load_data", "load_trained"]
 
+
 class TextClassifier(nn.Module):
     """Embedding (B, T) -> encoder (B, T, H) -> pooler (B, P) -> MLP -> logits (B, C)."""
 

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from seqzoo.base import State, build_encoder, detach_state
 from seqzoo.config import LMDataConfig, ModelConfig, RunConfig
 from seqzoo.data.errors import DataError
+from seqzoo.data.io import require_file
 from seqzoo.data.lm import EOS, batchify, build_lm_vocab, read_lm_tokens, tbptt_batches
 from seqzoo.data.text import Vocab
 from seqzoo.plots import save_figure
@@ -90,21 +91,12 @@ class LanguageModel(nn.Module):
         return self.encoder.auxiliary_loss()
 
 
-def _split_path(data_dir: str, split: str) -> Path:
-    directory = Path(data_dir)
-    stem = SPLIT_FILES[split]
-    for candidate in (directory / f"{stem}.txt", directory / f"{stem}.txt.gz"):
-        if candidate.exists():
-            return candidate
-    hint = " (an environment variable in data.data_dir is not set)" if "$" in data_dir else ""
-    raise DataError(f"no {stem}.txt or {stem}.txt.gz{hint}", directory)
-
-
 def read_splits(cfg: LMDataConfig) -> dict[str, list[str]]:
     """The token streams of train, dev (``valid.txt``) and test, at ``cfg.level``."""
     if not cfg.data_dir:
         raise DataError("data.data_dir is not set: a language model needs {train,valid,test}.txt[.gz]")
-    return {split: read_lm_tokens(_split_path(cfg.data_dir, split), cfg.level) for split in SPLIT_FILES}
+    return {split: read_lm_tokens(require_file(cfg.data_dir, f"{stem}.txt"), cfg.level)
+            for split, stem in SPLIT_FILES.items()}
 
 
 class LMTask:

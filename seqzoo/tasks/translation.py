@@ -150,8 +150,7 @@ class TranslationTask:
         return [{"translation": t} for t in self.translate(texts)]
 
     def documents(self) -> dict[str, Any]:
-        data: TranslationDataConfig = self.config.data
-        return {"vocab.json": self.vocab.to_dict(), "translation.json": {"source": data.source, "target": data.target}}
+        return {"vocab.json": self.vocab.to_dict()}
 
 
 def build_tasks(config: RunConfig) -> list[tuple[str, TranslationTask]]:
