@@ -152,6 +152,12 @@ class Trainer:
         if path is None:
             return False
         doc = json.loads((path / "train_state.json").read_text(encoding="utf-8"))
+        if set(doc["loop"]) != set(self.state):
+            missing, unknown = sorted(set(self.state) - set(doc["loop"])), sorted(set(doc["loop"]) - set(self.state))
+            raise TrainingError(
+                f"{path / 'train_state.json'}: loop state from another seqzoo version "
+                f"(missing {missing}, unknown {unknown}); it cannot be resumed by this one"
+            )
         self.task.model.load_state_dict(load_tensors(path / "model.safetensors"))
         optim_state = join_tensors(doc["optimizer"], load_tensors(path / "optimizer.safetensors"))
         self.optimizer.load_state_dict(_int_keys(optim_state))

@@ -154,6 +154,19 @@ def test_resume_after_sigkill_reproduces_uninterrupted_run(toy_corpus, tmp_path)
         assert all(torch.equal(a[k], b[k]) for k in a), name
 
 
+def test_resume_rejects_loop_state_of_another_version(toy_corpus, tmp_path):
+    config = load_config(_config_yaml(toy_corpus, tmp_path), ["train.epochs=1"])
+    run(config, tmp_path / "r")
+    path = tmp_path / "r/last/train_state.json"
+    doc = json.loads(path.read_text())
+    doc["loop"]["loss_tokens"] = doc["loop"].pop("loss_count")  # the key's name before it was renamed
+    path.write_text(json.dumps(doc))
+    (tmp_path / "r/metrics.jsonl").write_text("")  # not finished, so resume trains
+    with pytest.raises(TrainingError, match=r"train_state.json: loop state from another seqzoo version "
+                                            r"\(missing \['loss_count'\], unknown \['loss_tokens'\]\)"):
+        run(config, tmp_path / "r", resume=True)
+
+
 def test_evaluate_run_trained_with_pretrained_vectors_of_another_size(toy_corpus, tmp_path, capsys):
     """The model's embedding size comes from the vector file, and reloading must follow it."""
     from conftest import NEGATIVE, NEUTRAL, POSITIVE
