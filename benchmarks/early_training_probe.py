@@ -1,0 +1,62 @@
+"""Early-training probe: training cross-entropy over the first steps of a recipe.
+
+Trains a config's model exactly as ``seqzoo train`` would (same seed, batches, optimiser and
+clipping) for ``--steps`` steps and prints, every ``--every`` steps, the mean training
+cross-entropy in bits (dropout on, auxiliary losses such as the MZU's disagreement term reported
+separately, not included). Nothing is evaluated or written: it answers "does this variant learn
+faster per step?" in minutes, not "which model is better" (that needs dev/test, ``seqzoo train``).
+
+    SEQZOO_DATA=../shared/data python benchmarks/early_training_probe.py \\
+        configs/lm_brown_char_capmzu_dt.yaml --steps 150 --set model.encoder_args.num_zones=2
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+from torch import nn
+
+from seqzoo.config import load_config
+from seqzoo.runner import _task_module
+from seqzoo.training import build_optimizer, set_seed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config")
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--every", type=int, default=25)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args()
+    cfg = load_config(args.config, args.set)
+    set_seed(cfg.train.seed)
+    tasks = _task_module(cfg.task).build_tasks(cfg)
+    if len(tasks) != 1:
+        parser.error(f"{args.config}: the probe needs a single task (no folds), got {len(tasks)}")
+    task = tasks[0][1]
+    model = task.model
+    print(f"parameters {sum(p.numel() for p in model.parameters()):,}", flush=True)
+    optimizer = build_optimizer(list(model.parameters()), cfg.optim)
+    batches = task.train_batches(0)
+    model.train()
+    ce, aux, start = [], [], time.perf_counter()
+    for index in range(min(args.steps, len(batches))):
+        step = task.train_loss(batches[index])
+        optimizer.zero_grad(set_to_none=True)
+        step.loss.backward()
+        if cfg.optim.clip_norm:
+            nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip_norm)
+        optimizer.step()
+        term = model.auxiliary_loss() if hasattr(model, "auxiliary_loss") else None
+        aux.append(0.0 if term is None else term.detach().item())
+        ce.append(step.loss.detach().item() - aux[-1])
+        if (index + 1) % args.every == 0:
+            mean_ce, mean_aux = (sum(v[-args.every:]) / args.every / math.log(2) for v in (ce, aux))
+            print(f"step {index + 1}: train CE {mean_ce:.3f} bits, auxiliary {mean_aux:+.3f} bits, "
+                  f"{time.perf_counter() - start:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
