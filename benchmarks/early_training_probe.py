@@ -16,11 +16,9 @@ import argparse
 import math
 import time
 
-from torch import nn
-
 from seqzoo.config import load_config
-from seqzoo.runner import _task_module
-from seqzoo.training import build_optimizer, set_seed
+from seqzoo.runner import task_module
+from seqzoo.training import build_optimizer, set_seed, update
 
 
 def main() -> None:
@@ -32,7 +30,7 @@ def main() -> None:
     args = parser.parse_args()
     cfg = load_config(args.config, args.set)
     set_seed(cfg.train.seed)
-    tasks = _task_module(cfg.task).build_tasks(cfg)
+    tasks = task_module(cfg.task).build_tasks(cfg)
     if len(tasks) != 1:
         parser.error(f"{args.config}: the probe needs a single task (no folds), got {len(tasks)}")
     task = tasks[0][1]
@@ -44,11 +42,7 @@ def main() -> None:
     ce, aux, start = [], [], time.perf_counter()
     for index in range(min(args.steps, len(batches))):
         step = task.train_loss(batches[index])
-        optimizer.zero_grad(set_to_none=True)
-        step.loss.backward()
-        if cfg.optim.clip_norm:
-            nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip_norm)
-        optimizer.step()
+        update(model, optimizer, step.loss, cfg.optim.clip_norm)
         term = model.auxiliary_loss() if hasattr(model, "auxiliary_loss") else None
         aux.append(0.0 if term is None else term.detach().item())
         ce.append(step.loss.detach().item() - aux[-1])

@@ -28,6 +28,13 @@ from seqzoo.kernels import POOLINGS, qrnn_layer
 __all__ = ["QRNN", "QRNNLayer"]
 
 
+def last_inputs(padded: Tensor, lengths: Tensor, window: int) -> Tensor:
+    """The last k - 1 real inputs of each row of a causal ``padded`` (B, k - 1 + T, n), whose first
+    k - 1 frames are the carried tail (earlier chunks' inputs where the row is short) -> (B, k - 1, n)."""
+    index = lengths.view(-1, 1) + torch.arange(window - 1, device=padded.device)  # (B, k-1) into padded
+    return padded.gather(1, index.unsqueeze(-1).expand(-1, -1, padded.shape[-1]))
+
+
 class QRNNLayer(nn.Module):
     """One direction of one QRNN layer: masked convolution + pooling, through :func:`~seqzoo.kernels.qrnn_layer`.
 
@@ -88,14 +95,8 @@ class QRNNLayer(nn.Module):
             padded, self.linear.weight, self.linear.bias, lengths, c0,
             pooling=self.pooling, keep=keep, keep_prob=keep_prob, reverse=self.reverse,
         )
-        return h, c_last, self._last_inputs(padded, lengths, x_tail)
-
-    def _last_inputs(self, padded: Tensor, lengths: Tensor, x_tail: Tensor) -> Tensor:
-        """The last k - 1 real inputs of each row (earlier chunks' inputs where the row is short)."""
-        if self.window == 1 or self.reverse or not self.causal:
-            return x_tail
-        index = lengths.view(-1, 1) + torch.arange(self.window - 1, device=padded.device)  # (B, k-1) into padded
-        return padded.gather(1, index.unsqueeze(-1).expand(-1, -1, padded.shape[-1]))
+        carries = self.window > 1 and self.causal and not self.reverse
+        return h, c_last, last_inputs(padded, lengths, self.window) if carries else x_tail
 
     def extra_repr(self) -> str:
         return (

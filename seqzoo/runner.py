@@ -30,7 +30,8 @@ _TASK_MODULES = {
 }
 
 
-def _task_module(task: str) -> Any:
+def task_module(task: str) -> Any:
+    """The module implementing ``task`` (its ``build_tasks`` and ``load_trained``)."""
     return importlib.import_module(_TASK_MODULES[task])
 
 
@@ -52,7 +53,7 @@ def run(config: RunConfig, run_dir: str | Path, resume: bool = False) -> dict[st
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
     seeds = config.train.seeds or [config.train.seed]
-    module = _task_module(config.task)
+    module = task_module(config.task)
     results: dict[str, dict[str, Any]] = {}
     for seed in seeds:
         cfg = dataclasses.replace(config, train=dataclasses.replace(config.train, seed=seed, seeds=[]))
@@ -108,4 +109,4 @@ def load_task(sub_run: str | Path, with_data: bool = True) -> Any:
     if best is None:
         raise FileNotFoundError(f"{sub_run}: no best/ checkpoint")
     config = config_from_dict(json.loads((best / "config.json").read_text(encoding="utf-8")))
-    return _task_module(config.task).load_trained(config, best, with_data=with_data)
+    return task_module(config.task).load_trained(config, best, with_data=with_data)

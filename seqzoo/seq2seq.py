@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqzoo.base import lengths_from_mask
-from seqzoo.kernels import qrnn_pool
-from seqzoo.qrnn import QRNNLayer
+from seqzoo.kernels import qrnn_pool, window_linear
+from seqzoo.qrnn import QRNNLayer, last_inputs
 
 __all__ = ["EncoderOutput", "QRNNDecoderLayer", "QRNNSeq2Seq", "beam_search", "length_normalized_score"]
 
@@ -78,11 +78,9 @@ class QRNNDecoderLayer(nn.Module):
         k = self.window
         c0, x_tail = state if state is not None else (None, x.new_zeros(batch, k - 1, self.input_size))
         padded = torch.cat([x_tail, x], 1)  # (B, T + k - 1, n): window t is padded[:, t : t + k]
-        windows = torch.cat([padded[:, j : j + time] for j in range(k)], -1) if k > 1 else x
-        gates = self.linear(windows) + self.condition(final).unsqueeze(1)  # eq. 7, (B, T, 3H)
-        gates = gates.view(batch, time, 3, self.hidden_size)
-        index = lengths.view(-1, 1) + torch.arange(k - 1, device=x.device)  # last k - 1 real inputs
-        tail = padded.gather(1, index.unsqueeze(-1).expand(-1, -1, self.input_size))
+        gates = window_linear(padded, self.linear.weight, self.linear.bias) + self.condition(final).unsqueeze(1)
+        gates = gates.view(batch, time, 3, self.hidden_size)  # eq. 7
+        tail = last_inputs(padded, lengths, k)
         if self.output is None:
             h, c_last = qrnn_pool(gates, lengths, c0, pooling="fo")
             return h, (c_last, tail), None

@@ -97,6 +97,15 @@ def build_optimizer(params: Sequence[nn.Parameter], cfg: OptimConfig) -> torch.o
     return torch.optim.Adagrad(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay)
 
 
+def update(model: nn.Module, optimizer: torch.optim.Optimizer, loss: Tensor, clip_norm: float | None) -> None:
+    """One optimiser step on ``loss``: backward, gradient-norm clipping when ``clip_norm``, step."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if clip_norm:
+        nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    optimizer.step()
+
+
 class Trainer:
     """Runs ``task`` under ``config`` and writes everything to ``run_dir``."""
 
@@ -214,11 +223,7 @@ class Trainer:
                     f"stopping. The last good checkpoint is kept in {self.run_dir / 'last'} "
                     f"(best model in {self.run_dir / 'best'}). Try a lower learning rate or gradient clipping."
                 )
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.optim.clip_norm:
-                nn.utils.clip_grad_norm_(task.model.parameters(), cfg.optim.clip_norm)
-            self.optimizer.step()
+            update(task.model, self.optimizer, loss, cfg.optim.clip_norm)
             state["loss_sum"] += loss.item() * count
             state["loss_count"] += count
             state["step_in_epoch"] = index + 1

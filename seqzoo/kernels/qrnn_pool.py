@@ -273,6 +273,17 @@ def _convolve(x_pad: Tensor, weight: Tensor) -> Tensor:
     return gates
 
 
+def window_linear(x_pad: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """The width-k convolution as one ``F.linear`` over concatenated windows: x_pad (B, T + k - 1, n) -> (B, T, G*H).
+
+    ``weight`` (G*H, k*n) and ``bias`` as in :func:`qrnn_layer`; window t is ``x_pad[:, t : t + k]``.
+    """
+    window = weight.shape[1] // x_pad.shape[-1]
+    time = x_pad.shape[1] - window + 1
+    windows = torch.cat([x_pad[:, j : j + time] for j in range(window)], -1) if window > 1 else x_pad
+    return F.linear(windows, weight, bias)
+
+
 def _layer_kernel(x_pad, weight, bias, lengths, c0, keep, keep_prob, pooling, reverse) -> _Kernel:
     batch, padded_time, n = x_pad.shape
     shape = (batch, padded_time - weight.shape[1] // n + 1, weight.shape[0] // POOLINGS[pooling])
@@ -309,8 +320,7 @@ def qrnn_layer(
     time = padded_time - window + 1
     kwargs = {"pooling": pooling, "keep": keep, "keep_prob": keep_prob, "reverse": reverse}
     if pool_backend(x_pad.device, x_pad.dtype) != "compiled":
-        windows = torch.cat([x_pad[:, j : j + time] for j in range(window)], -1) if window > 1 else x_pad
-        gates = F.linear(windows, weight, bias).view(batch, time, POOLINGS[pooling], -1)  # (B, T, G, H)
+        gates = window_linear(x_pad, weight, bias).view(batch, time, POOLINGS[pooling], -1)  # (B, T, G, H)
         return qrnn_pool(gates, lengths, c0, **kwargs)
     x_pad, lengths, c0, keep = _compiled_inputs(x_pad, lengths, c0, keep)
     args = (x_pad, weight, bias, lengths, c0, keep, float(keep_prob), pooling, reverse)
