@@ -70,8 +70,6 @@ def run(config: RunConfig, run_dir: str | Path, resume: bool = False) -> dict[st
             results[name] = {k: v for k, v in done.items() if k.startswith("test_")}
     summary = summarize(results)
     write_json(run_dir / "summary.json", summary)
-    for line in format_summary(summary):
-        log.info("%s", line)
     return summary
 
 
@@ -87,11 +85,13 @@ def summarize(results: dict[str, dict[str, float]]) -> dict[str, Any]:
 
 
 def format_summary(summary: dict[str, Any]) -> list[str]:
+    """One line per test metric: ``mean ± std (n=runs)``; a single run has no spread to show."""
     lines = []
     for key, s in summary["metrics"].items():
         scale = 100.0 if "accuracy" in key else 1.0
         unit = "%" if scale == 100.0 else ""
-        lines.append(f"{key}: {s['mean'] * scale:.2f}{unit} ± {s['std'] * scale:.2f}{unit} (n={s['n']})")
+        spread = f" ± {s['std'] * scale:.2f}{unit}" if s["n"] > 1 else ""
+        lines.append(f"{key}: {s['mean'] * scale:.2f}{unit}{spread} (n={s['n']})")
     return lines
 
 

@@ -52,7 +52,9 @@ def test_train_evaluate_predict_cli(toy_corpus, tmp_path, capsys):
                  "last/model.safetensors", "last/optimizer.safetensors"):
         assert (run_dir / name).exists(), name
     assert not list(run_dir.rglob("*.pt")) and not list(run_dir.rglob("*.pkl"))
-    capsys.readouterr()
+    out = capsys.readouterr().out
+    accuracy = f"test_accuracy: {100 * records[-1]['test_accuracy']:.2f}% (n=1)"  # one run: no "± 0.00"
+    assert [line for line in out.splitlines() if line.startswith("test_accuracy")] == [accuracy]
     assert main(["evaluate", str(run_dir)]) == 0
     out = capsys.readouterr().out
     evaluated = json.loads(out.splitlines()[0])
