@@ -212,12 +212,12 @@ def beam_search(
     target_lengths = (src_lengths + 5).tolist()
     max_len = max_len or 2 * int(src_lengths.max()) + 10
     encoded = model.encode(src, src_mask).repeat(k)
-    scores = torch.full((batch, k), float("-inf"))
+    scores = torch.full((batch, k), float("-inf"), device=src.device)
     scores[:, 0] = 0.0  # the first step expands one hypothesis per row
     history = src.new_zeros(batch, k, 0)  # tokens of the live hypotheses (B, K, step - 1)
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
     last, state = src.new_full((batch * k, 1), bos_id), None
-    offsets = torch.arange(batch).unsqueeze(1) * k  # (B, 1) first flat row of each sentence
+    offsets = torch.arange(batch, device=src.device).unsqueeze(1) * k  # (B, 1) first flat row of each sentence
     for step in range(1, max_len + 1):
         logits, state = model.decode(last, encoded, state=state)
         log_probs = F.log_softmax(logits[:, 0].float(), -1)
@@ -233,7 +233,7 @@ def beam_search(
             if len(finished[b]) < k:
                 score = length_normalized_score(float(top_scores[b, j]), step, target_lengths[b], alpha)
                 finished[b].append((score, history[b, int(beams[b, j])].tolist()))
-        done = torch.tensor([len(f) >= k for f in finished])
+        done = torch.tensor([len(f) >= k for f in finished], device=src.device)
         if bool(done.all()):
             break
         keep = torch.sort(ends.int(), dim=1, stable=True).indices[:, :k]  # the first K continuing candidates

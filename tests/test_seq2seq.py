@@ -152,6 +152,15 @@ def test_beam_of_one_is_greedy(seed):
     assert beam_search(model, src, src_mask, BOS, EOS, beam_size=1, max_len=12) == [_greedy(model, src, src_mask, 12)]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_beam_search_on_cuda_equals_cpu():
+    model = _model(1)
+    src, src_mask = pad_batch([[4, 5, 6, 7], [8, 9]])
+    expected = beam_search(model, src, src_mask, BOS, EOS, beam_size=3, max_len=12)
+    found = beam_search(model.cuda(), src.cuda(), src_mask.cuda(), BOS, EOS, beam_size=3, max_len=12)
+    assert found == expected
+
+
 def test_beam_finds_the_best_scoring_hypothesis_on_a_tiny_model():
     """With alpha = 0 and a vocabulary small enough to enumerate, a wide beam returns the
     highest-probability complete sequence of up to 3 tokens (exhaustive search by hand)."""
