@@ -16,7 +16,7 @@ import yaml
 from seqzoo.checkpoint import resolve_checkpoint
 from seqzoo.config import RunConfig, config_from_dict, config_to_dict
 from seqzoo.data.io import atomic_write_text, write_json
-from seqzoo.training import Trainer, mean_std, set_seed
+from seqzoo.training import Trainer, mean_std, set_seed, trains_further
 
 __all__ = ["completed_test_record", "find_runs", "load_task", "run", "summarize"]
 
@@ -63,6 +63,9 @@ def run(config: RunConfig, run_dir: str | Path, resume: bool = False) -> dict[st
             sub_dir = seed_dir / sub if sub else seed_dir
             name = str(sub_dir.relative_to(run_dir)) if sub_dir != run_dir else "."
             done = completed_test_record(sub_dir) if resume else None
+            if done is not None and trains_further(sub_dir, cfg):
+                log.info("%s finished at fewer than %d epochs: training on", sub_dir, cfg.train.epochs)
+                done = None
             if done is None:
                 log.info("training %s (seed %d) -> %s", config.name, seed, sub_dir)
                 Trainer(cfg, task, sub_dir).fit(resume=resume)

@@ -12,7 +12,9 @@ rest and writes the run directory::
 
 Resuming (``Trainer.fit(resume=True)``) restarts from ``last/`` at the exact batch where it
 was saved: batch order is a pure function of (seed, epoch) and all RNG states are restored,
-so on CPU the resumed run reproduces the uninterrupted one's metrics exactly.
+so on CPU the resumed run reproduces the uninterrupted one's metrics exactly. A finished run
+resumed under a larger ``train.epochs`` trains on from its last epoch (:func:`trains_further`);
+its old test record is dropped and the new best checkpoint is tested again.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from seqzoo.config import OptimConfig, RunConfig, config_to_dict
 from seqzoo.data.io import atomic_write_text
 from seqzoo.plots import plot_curves
 
-__all__ = ["StepLoss", "Task", "Trainer", "TrainingError", "build_optimizer", "set_seed"]
+__all__ = ["StepLoss", "Task", "Trainer", "TrainingError", "build_optimizer", "set_seed", "trains_further"]
 
 log = logging.getLogger("seqzoo")
 
@@ -303,6 +305,16 @@ class Trainer:
         log.info("test %s", ", ".join(f"{k} {v:.4f}" for k, v in test.items()))
         log.info("run directory: %s; plots: %s", self.run_dir, ", ".join(str(p) for p in plots))
         return test
+
+
+def trains_further(run_dir: str | Path, config: RunConfig) -> bool:
+    """Whether resuming ``run_dir`` under ``config`` would train: its ``last/`` loop state is
+    neither stopped (early stopping, step budget) nor past ``config.train.epochs``."""
+    path = resolve_checkpoint(Path(run_dir) / "last")
+    if path is None:
+        return False
+    loop = json.loads((path / "train_state.json").read_text(encoding="utf-8"))["loop"]
+    return not loop["done"] and loop["epoch"] < config.train.epochs
 
 
 def _model_tensors(model: nn.Module) -> dict[str, Tensor]:

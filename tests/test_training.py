@@ -156,6 +156,22 @@ def test_resume_after_sigkill_reproduces_uninterrupted_run(toy_corpus, tmp_path)
         assert all(torch.equal(a[k], b[k]) for k in a), name
 
 
+def test_resume_with_a_larger_epoch_budget_trains_on(toy_corpus, tmp_path):
+    """`--resume RUN --set train.epochs=N` extends a finished run; it used to print the old summary."""
+    config = str(_config_yaml(toy_corpus, tmp_path))  # 3 epochs
+    short, clean = tmp_path / "short", tmp_path / "clean"
+    assert main(["train", config, "--run-dir", str(short), "--set", "train.epochs=1"]) == 0
+    assert [r["event"] for r in _records(short)] == ["epoch", "test"]
+    assert main(["train", "--resume", str(short), "--set", "train.epochs=3"]) == 0
+    assert main(["train", config, "--run-dir", str(clean)]) == 0
+    assert [r["event"] for r in _records(short)] == ["epoch"] * 3 + ["test"]
+    assert _records(short) == _records(clean)
+    # Resuming it again under the budget it has reached trains nothing.
+    before = (short / "metrics.jsonl").read_text()
+    assert main(["train", "--resume", str(short)]) == 0
+    assert (short / "metrics.jsonl").read_text() == before
+
+
 def test_resume_rejects_loop_state_of_another_version(toy_corpus, tmp_path):
     config = load_config(_config_yaml(toy_corpus, tmp_path), ["train.epochs=1"])
     run(config, tmp_path / "r")
