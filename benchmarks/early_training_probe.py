@@ -3,7 +3,8 @@
 Trains a config's model exactly as ``seqzoo train`` would (same seed, batches, optimiser and
 clipping) for ``--steps`` steps and prints, every ``--every`` steps, the mean training
 cross-entropy in bits (dropout on, auxiliary losses such as the MZU's disagreement term reported
-separately, not included). Nothing is evaluated or written: it answers "does this variant learn
+separately, not included) and, when the recipe clips, the median gradient norm before clipping.
+Nothing is evaluated or written: it answers "does this variant learn
 faster per step?" in minutes, not "which model is better" (that needs dev/test, ``seqzoo train``).
 
     SEQZOO_DATA=../shared/data python benchmarks/early_training_probe.py \\
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import time
 
 from seqzoo.config import load_config
@@ -39,16 +41,17 @@ def main() -> None:
     optimizer = build_optimizer(list(model.parameters()), cfg.optim)
     batches = task.train_batches(0)
     model.train()
-    ce, aux, start = [], [], time.perf_counter()
+    ce, aux, norms, start = [], [], [], time.perf_counter()
     for index in range(min(args.steps, len(batches))):
         step = task.train_loss(batches[index])
-        update(model, optimizer, step.loss, cfg.optim.clip_norm)
+        norms.append(update(model, optimizer, step.loss, cfg.optim.clip_norm))
         term = model.auxiliary_loss() if hasattr(model, "auxiliary_loss") else None
         aux.append(0.0 if term is None else term.detach().item())
         ce.append(step.loss.detach().item() - aux[-1])
         if (index + 1) % args.every == 0:
             mean_ce, mean_aux = (sum(v[-args.every:]) / args.every / math.log(2) for v in (ce, aux))
-            print(f"step {index + 1}: train CE {mean_ce:.3f} bits, auxiliary {mean_aux:+.3f} bits, "
+            norm = "" if norms[-1] is None else f", grad norm {statistics.median(norms[-args.every:]):.3f}"
+            print(f"step {index + 1}: train CE {mean_ce:.3f} bits, auxiliary {mean_aux:+.3f} bits{norm}, "
                   f"{time.perf_counter() - start:.0f} s", flush=True)
 
 

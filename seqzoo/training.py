@@ -99,13 +99,16 @@ def build_optimizer(params: Sequence[nn.Parameter], cfg: OptimConfig) -> torch.o
     return torch.optim.Adagrad(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay)
 
 
-def update(model: nn.Module, optimizer: torch.optim.Optimizer, loss: Tensor, clip_norm: float | None) -> None:
-    """One optimiser step on ``loss``: backward, gradient-norm clipping when ``clip_norm``, step."""
+def update(model: nn.Module, optimizer: torch.optim.Optimizer, loss: Tensor, clip_norm: float | None) -> float | None:
+    """One optimiser step on ``loss``: backward, gradient-norm clipping when ``clip_norm``, step.
+
+    Returns the total gradient norm before clipping (None when not clipping).
+    """
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    if clip_norm:
-        nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    norm = float(nn.utils.clip_grad_norm_(model.parameters(), clip_norm)) if clip_norm else None
     optimizer.step()
+    return norm
 
 
 class Trainer:

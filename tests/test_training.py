@@ -198,3 +198,18 @@ def test_evaluate_run_trained_with_pretrained_vectors_of_another_size(toy_corpus
     assert main(["evaluate", str(tmp_path / "v")]) == 0
     evaluated = json.loads(capsys.readouterr().out.splitlines()[0])
     assert evaluated["accuracy"] == _records(tmp_path / "v")[-1]["test_accuracy"]
+
+
+def test_update_returns_the_gradient_norm_before_clipping():
+    from seqzoo.training import update
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: weights stay, grads remain
+    x = torch.randn(5, 4)
+    norm = update(model, optimizer, (100 * model(x)).pow(2).sum(), clip_norm=1.0)
+    model.zero_grad()
+    (100 * model(x)).pow(2).sum().backward()
+    expected = torch.cat([p.grad.flatten() for p in model.parameters()]).norm()
+    assert norm == pytest.approx(expected.item(), rel=1e-5) and norm > 1.0
+    assert update(model, optimizer, model(x).sum(), clip_norm=None) is None
