@@ -165,7 +165,7 @@ class Trainer:
         path = resolve_checkpoint(self.run_dir / "last")
         if path is None:
             return False
-        doc = json.loads((path / "train_state.json").read_text(encoding="utf-8"))
+        doc = _read_train_state(path)
         if set(doc["loop"]) != set(self.state):
             missing, unknown = sorted(set(self.state) - set(doc["loop"])), sorted(set(doc["loop"]) - set(self.state))
             raise TrainingError(
@@ -203,7 +203,7 @@ class Trainer:
         elif self.metrics_path.exists():
             self.metrics_path.unlink()
         try:
-            while not self.state["done"] and self.state["epoch"] < cfg.train.epochs:
+            while _epochs_left(self.state, cfg):
                 self._train_epoch()
             return self._finish()
         finally:
@@ -314,10 +314,16 @@ def trains_further(run_dir: str | Path, config: RunConfig) -> bool:
     """Whether resuming ``run_dir`` under ``config`` would train: its ``last/`` loop state is
     neither stopped (early stopping, step budget) nor past ``config.train.epochs``."""
     path = resolve_checkpoint(Path(run_dir) / "last")
-    if path is None:
-        return False
-    loop = json.loads((path / "train_state.json").read_text(encoding="utf-8"))["loop"]
+    return path is not None and _epochs_left(_read_train_state(path)["loop"], config)
+
+
+def _epochs_left(loop: dict[str, Any], config: RunConfig) -> bool:
+    """The training loop's condition: not stopped (early stopping, step budget), epochs left."""
     return not loop["done"] and loop["epoch"] < config.train.epochs
+
+
+def _read_train_state(checkpoint: Path) -> dict[str, Any]:
+    return json.loads((checkpoint / "train_state.json").read_text(encoding="utf-8"))
 
 
 def _model_tensors(model: nn.Module) -> dict[str, Tensor]:
