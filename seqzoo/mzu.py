@@ -30,7 +30,8 @@ Choices the paper leaves open (MODELS.md 4.2 / 4.8, tagged [I] there):
   The per-token average matches a task loss that is a per-token mean.
   Caution: D_zone is largest (0) when the unit zones sum to zero. With capsule routing, whose
   transform is shared by all input zones, that cancels what the first (uniform) routing
-  iteration sees; at 2 zones and λ = 1 a brown_char capMZU stopped learning (docs/results.md).
+  iteration sees; at 2 zones and λ = 1 a brown_char capMZU stopped learning, and at 4 zones
+  λ = 1 cost 0.10–0.14 test BPC after 700 steps (docs/results.md).
 
 Fast formulation (CPU): zone generation is linear in ``[x; h]``, so the input half of M_h and
 M_g's zone generation (and of any REGULAR map) is one matmul over all ``T`` steps before the

@@ -31,6 +31,16 @@ def test_brown_char_bar_configs_share_size_and_budget():
     assert mzu_cfg.train.max_steps and mzu_cfg.train.epochs == 1 and len(mzu_cfg.train.seeds) >= 2
 
 
+def test_brown_char_shallow_capmzu_differs_only_in_depth():
+    deep_cfg, deep = _params("lm_brown_char_capmzu_dt")
+    cfg, params = _params("lm_brown_char_capmzu")
+    assert cfg.model.encoder_args["transition_depth"] == 0 and params == deep  # M shared: same size
+    depth_keys = ("transition_depth", "share_transition")
+    deep_args = {k: v for k, v in deep_cfg.model.encoder_args.items() if k not in depth_keys}
+    assert {k: v for k, v in cfg.model.encoder_args.items() if k not in depth_keys} == deep_args
+    assert (cfg.data, cfg.optim, cfg.train) == (deep_cfg.data, deep_cfg.optim, deep_cfg.train)
+
+
 @pytest.mark.parametrize(
     ("name", "hidden", "share"), [("lm_ptb_capmzu_dt", 800, True), ("lm_text8_capmzu_dt", 1536, False)]
 )
