@@ -23,7 +23,9 @@ Choices the paper leaves open (MODELS.md 4.2 / 4.8, tagged [I] there):
 * **Deep transition sharing** (``share_transition=True``, the paper's PTB setting): the MZU cell
   and all its t-MZU cells use the *same* M_h / M_g (and LN); a t-MZU applies them to
   ``[0; h]``, i.e. only the hidden-state columns of zone generation. With the paper's default
-  depth L = 1 this is the only sharing "across depths" there can be.
+  depth L = 1 this is the only sharing "across depths" there can be. A shared MZU+DT is
+  therefore the shallow MZU reading L zero vectors after each input (tested): it adds no
+  parameters and multiplies the recurrent steps by L + 1.
 * **Disagreement** (eqs. 18–19): for every M-function application (M_h and M_g at every depth,
   every layer and direction) D_zone is computed at each real token; ``D`` is their sum over
   M-functions, averaged over the real tokens of the batch, and ``auxiliary_loss() = −λ·D``.

@@ -135,6 +135,23 @@ def test_transition_sharing():
     assert own.transitions[1].candidate.generate.in_features == 8  # t-MZU: state only
 
 
+def test_shared_deep_transition_is_the_shallow_mzu_reading_a_zero_after_each_input():
+    """With one M for all depths, a t-MZU step is the MZU cell's step on x = 0 (eqs. 15–17), so
+    MZU+DT (L = 2, shared) over x equals the shallow MZU over x_1, 0, 0, x_2, 0, 0, ...,
+    read at every third step: the deep transition triples the recurrence the gradient crosses."""
+    torch.manual_seed(0)
+    deep = MZU(5, 8, composition="cap", transition_depth=2, share_transition=True).double().eval()
+    shallow = MZU(5, 8, composition="cap").double().eval()
+    shallow.load_state_dict(deep.state_dict())
+    x = torch.randn(3, 4, 5, dtype=torch.double)
+    interleaved = torch.zeros(3, 12, 5, dtype=torch.double)
+    interleaved[:, ::3] = x
+    out_deep, state_deep = deep(x)
+    out_shallow, state_shallow = shallow(interleaved)
+    torch.testing.assert_close(out_deep, out_shallow[:, 2::3])
+    torch.testing.assert_close(state_deep, state_shallow)
+
+
 # --- contract, fast path vs reference, gradients ------------------------------------------------
 
 
