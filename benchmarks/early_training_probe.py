@@ -6,6 +6,8 @@ cross-entropy in bits (dropout on, auxiliary losses such as the MZU's disagreeme
 separately, not included) and, when the recipe clips, the median gradient norm before clipping.
 Nothing is evaluated or written: it answers "does this variant learn
 faster per step?" in minutes, not "which model is better" (that needs dev/test, ``seqzoo train``).
+``train.threads`` is honoured as in ``seqzoo train``: two probes side by side need
+``--set train.threads=1`` each; otherwise they oversubscribe the cores and run >15x slower.
 
     SEQZOO_DATA=../shared/data python benchmarks/early_training_probe.py \\
         configs/lm_brown_char_capmzu_dt.yaml --steps 150 --set model.encoder_args.num_zones=2
@@ -17,6 +19,8 @@ import argparse
 import math
 import statistics
 import time
+
+import torch
 
 from seqzoo.config import load_config
 from seqzoo.runner import task_module
@@ -31,6 +35,8 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
     cfg = load_config(args.config, args.set)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
     set_seed(cfg.train.seed)
     tasks = task_module(cfg.task).build_tasks(cfg)
     if len(tasks) != 1:

@@ -106,6 +106,7 @@ class ModelConfig:
     embedding_dropout: float = 0.0
     dropout: float = 0.5  # before the classifier / output layer
     tie_weights: bool = False  # language models: share input embedding and softmax weights
+    embedding_init: float = 0.1  # language models: the input embedding starts as U(-a, a)
 
 
 @dataclass

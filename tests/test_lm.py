@@ -123,6 +123,18 @@ def test_non_causal_encoder_is_refused(corpus, tmp_path):
         LMTask(config, read_splits(config.data))
 
 
+def test_embedding_init_sets_the_range_of_the_input_embedding(corpus, tmp_path):
+    splits = read_splits(make_config(corpus, tmp_path).data)
+    for scale in (0.1, 1.0):
+        config = make_config(corpus, tmp_path, model={"embedding_init": scale, "tie_weights": False})
+        torch.manual_seed(0)
+        weight = LMTask(config, splits).model.embedding.weight
+        assert weight.abs().max() <= scale
+        assert weight.std().item() == pytest.approx(scale / math.sqrt(3), rel=0.25)  # U(-a, a)
+    with pytest.raises(ValueError, match="embedding_init must be > 0"):
+        LMTask(make_config(corpus, tmp_path, model={"embedding_init": 0.0}), splits)
+
+
 class _Killed(Exception):
     pass
 

@@ -29,6 +29,8 @@ def test_brown_char_bar_configs_share_size_and_budget():
         assert params == pytest.approx(mzu, rel=0.10)
         assert (cfg.data, cfg.optim, cfg.train) == (mzu_cfg.data, mzu_cfg.optim, mzu_cfg.train)
         assert cfg.model.encoder_args["dropout"] == mzu_cfg.model.encoder_args["dropout"]
+        outside = dataclasses.replace(cfg.model, encoder="", encoder_args={})  # embedding init, dropouts, tying
+        assert outside == dataclasses.replace(mzu_cfg.model, encoder="", encoder_args={})
     assert mzu_cfg.train.max_steps and mzu_cfg.train.epochs == 1 and len(mzu_cfg.train.seeds) >= 2
 
 

@@ -59,10 +59,14 @@ class LanguageModel(nn.Module):
 
     With ``cfg.tie_weights`` the output layer reuses the embedding matrix (Press & Wolf 2017;
     needs encoder output size == embedding size) and only its bias is a separate parameter.
+    The embedding starts as U(−a, a) with ``a = cfg.embedding_init`` (0.1, the word-LM
+    convention of Zaremba et al. 2014); an untied output layer as U(−0.1, 0.1).
     """
 
     def __init__(self, vocab_size: int, embedding_dim: int, cfg: ModelConfig) -> None:
         super().__init__()
+        if cfg.embedding_init <= 0:
+            raise ValueError(f"model.embedding_init must be > 0, got {cfg.embedding_init}")
         self.embedding = nn.Embedding(vocab_size, embedding_dim)
         self.embedding_dropout = nn.Dropout(cfg.embedding_dropout)
         self.encoder = build_encoder(cfg.encoder, embedding_dim, **cfg.encoder_args)
@@ -77,7 +81,7 @@ class LanguageModel(nn.Module):
             raise ValueError(f"tie_weights needs encoder output size ({size}) == embedding size ({embedding_dim})")
         self.output_weight = None if cfg.tie_weights else nn.Parameter(torch.empty(vocab_size, size))
         self.output_bias = nn.Parameter(torch.zeros(vocab_size))
-        nn.init.uniform_(self.embedding.weight, -0.1, 0.1)
+        nn.init.uniform_(self.embedding.weight, -cfg.embedding_init, cfg.embedding_init)
         if self.output_weight is not None:
             nn.init.uniform_(self.output_weight, -0.1, 0.1)
 
