@@ -20,11 +20,9 @@ import math
 import statistics
 import time
 
-import torch
-
 from seqzoo.config import load_config
 from seqzoo.runner import task_module
-from seqzoo.training import build_optimizer, set_seed, update
+from seqzoo.training import build_optimizer, set_seed, set_threads, update
 
 
 def main() -> None:
@@ -35,8 +33,7 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
     cfg = load_config(args.config, args.set)
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
+    set_threads(cfg.train)
     set_seed(cfg.train.seed)
     tasks = task_module(cfg.task).build_tasks(cfg)
     if len(tasks) != 1:

@@ -10,13 +10,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 
 from seqzoo.checkpoint import resolve_checkpoint
 from seqzoo.config import RunConfig, config_from_dict, config_to_dict
 from seqzoo.data.io import atomic_write_text, write_json
-from seqzoo.training import Trainer, mean_std, set_seed, trains_further
+from seqzoo.training import Trainer, mean_std, set_seed, set_threads, trains_further
 
 __all__ = ["completed_test_record", "find_runs", "load_task", "run", "summarize"]
 
@@ -50,8 +49,7 @@ def run(config: RunConfig, run_dir: str | Path, resume: bool = False) -> dict[st
     run_dir.mkdir(parents=True, exist_ok=True)
     resolved = yaml.safe_dump(config_to_dict(config), sort_keys=False)
     atomic_write_text(run_dir / "config.yaml", resolved)  # what `seqzoo train --resume` reads
-    if config.train.threads:
-        torch.set_num_threads(config.train.threads)
+    set_threads(config.train)
     seeds = config.train.seeds or [config.train.seed]
     module = task_module(config.task)
     results: dict[str, dict[str, Any]] = {}

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from seqzoo.checkpoint import join_tensors, load_tensors, resolve_checkpoint, save_checkpoint_dir, split_tensors
-from seqzoo.config import OptimConfig, RunConfig, config_to_dict
+from seqzoo.config import OptimConfig, RunConfig, TrainConfig, config_to_dict
 from seqzoo.data.io import atomic_write_text
 from seqzoo.plots import plot_curves
 
@@ -82,6 +82,12 @@ class Task(Protocol):
 def set_seed(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
+
+
+def set_threads(cfg: TrainConfig) -> None:
+    """``torch.set_num_threads(cfg.threads)`` when the config names a thread count."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
 
 
 def build_optimizer(params: Sequence[nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
