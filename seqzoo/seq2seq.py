@@ -1,7 +1,8 @@
-"""QRNN encoder–decoder with attention, and beam search with the paper's length criterion.
+"""QRNN encoder–decoder with attention, its LSTM baseline, and beam search with the paper's length criterion.
 
 Bradbury, Merity, Xiong, Socher. "Quasi-Recurrent Neural Networks". ICLR 2017, section 2.1
-(eqs. 7–8) and appendix (eqs. 9–11); specification ``MODELS.md`` 1.7–1.8.
+(eqs. 7–8), section 3.3 (the character-level LSTM baseline) and appendix (eqs. 9–11);
+specification ``MODELS.md`` 1.7–1.9.
 
 * **Encoder**: a stack of fo-pooling QRNN layers over the source fed **reversed** (each row's
   real tokens back to front), with **centred, unmasked** windows (:class:`~seqzoo.qrnn.QRNNLayer`
@@ -16,31 +17,44 @@ Bradbury, Merity, Xiong, Socher. "Quasi-Recurrent Neural Networks". ICLR 2017, s
 
 The authors' code attends over the encoder's cell states ``c̃`` instead of ``h̃`` (MODELS.md
 1.7); seqzoo implements the paper's ``h̃`` only.
+
+**LSTM baseline** (:class:`LSTMSeq2Seq`; the paper's "char-level 4-layer LSTM" of the same size
+with attention, MODELS.md 1.9): the same reversed source and shared embedding; decoder layer ℓ
+starts from encoder layer ℓ's final ``(h, c)`` (Sutskever et al. 2014), and the last layer's
+output attends over the encoder's last-layer outputs with a dot product (Luong et al. 2015,
+global attention): ``α_st = softmax_s(h_t · h̃_s)``, output ``tanh(W [h_t; k_t])``. As in the QRNN
+model the attention output does not feed back (no input feeding), so teacher-forced training
+runs the decoder LSTM over the whole target in one call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqzoo.base import lengths_from_mask
+from seqzoo.baselines import LSTM
 from seqzoo.kernels import qrnn_pool, window_linear
 from seqzoo.qrnn import QRNNLayer, last_inputs
 
-__all__ = ["EncoderOutput", "QRNNDecoderLayer", "QRNNSeq2Seq", "beam_search", "length_normalized_score"]
+__all__ = [
+    "EncoderOutput", "LSTMSeq2Seq", "QRNNDecoderLayer", "QRNNSeq2Seq", "Seq2Seq", "beam_search",
+    "build_seq2seq", "length_normalized_score",
+]
 
-#: Decoder state: one ``(c (B, H), x_tail (B, k - 1, n))`` per layer.
+#: Decoder state, one pair of (B, ...) tensors per layer: ``(c (B, H), x_tail (B, k - 1, n))``
+#: for the QRNN, ``(h (B, H), c (B, H))`` for the LSTM.
 DecoderState = list[tuple[Tensor, Tensor]]
 
 
 class EncoderOutput(NamedTuple):
     memory: Tensor  # (B, S, H) last encoder layer's outputs h̃_s (reversed source order)
     mask: Tensor  # (B, S) True at real source positions
-    finals: list[Tensor]  # per layer ℓ: h̃_T^ℓ (B, H)
+    finals: list[Tensor]  # per layer ℓ: QRNN h̃_T^ℓ (B, H); LSTM (h_T^ℓ, c_T^ℓ) stacked (B, 2, H)
 
     def repeat(self, times: int) -> EncoderOutput:
         """Each row repeated ``times`` times in place (row b -> rows b·times ... b·times + times - 1), for beams."""
@@ -93,7 +107,42 @@ class QRNNDecoderLayer(nn.Module):
         return h, (c_last, tail), alpha
 
 
-class QRNNSeq2Seq(nn.Module):
+class Seq2Seq(nn.Module):
+    """An encoder–decoder over one shared (character) vocabulary: what :func:`beam_search` and
+    the translation task use. Subclasses build the source embedding and implement ``encode`` and
+    ``decode``."""
+
+    embedding: nn.Embedding
+    dropout: nn.Dropout
+
+    def __init__(self, pad_id: int) -> None:
+        super().__init__()
+        self.pad_id = pad_id
+
+    def embed_source(self, src: Tensor, src_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """The reversed source's embeddings (B, S, E) after dropout, and the row lengths (B,)."""
+        lengths = lengths_from_mask(src_mask)
+        if int(lengths.min()) < 1:
+            raise ValueError("every source row needs at least one real token")
+        return self.dropout(self.embedding(reverse_padded(src, lengths))), lengths
+
+    def encode(self, src: Tensor, src_mask: Tensor) -> EncoderOutput:
+        """src (B, S) ids, src_mask (B, S) -> memory (B, S, H) and the final state of every layer."""
+        raise NotImplementedError
+
+    def decode(
+        self, tgt: Tensor, encoded: EncoderOutput, tgt_mask: Tensor | None = None, state: DecoderState | None = None
+    ) -> tuple[Tensor, DecoderState]:
+        """tgt (B, T) ids (``<bos>`` first) -> logits (B, T, V) of the next tokens, and the state
+        to continue from (decoding one step at a time equals decoding the whole prefix)."""
+        raise NotImplementedError
+
+    def forward(self, src: Tensor, src_mask: Tensor, tgt: Tensor, tgt_mask: Tensor) -> Tensor:
+        """Teacher-forced logits (B, T, V) for decoder inputs ``tgt`` (B, T)."""
+        return self.decode(tgt, self.encode(src, src_mask), tgt_mask)[0]
+
+
+class QRNNSeq2Seq(Seq2Seq):
     """QRNN encoder–decoder with attention (see the module docstring).
 
     ``encoder_window`` / ``decoder_window``: one filter width for all layers or one per layer
@@ -112,7 +161,7 @@ class QRNNSeq2Seq(nn.Module):
         dropout: float = 0.0,
         pad_id: int = 0,
     ) -> None:
-        super().__init__()
+        super().__init__(pad_id)
 
         def per_layer(window: int | Sequence[int]) -> list[int]:
             windows = [window] * num_layers if isinstance(window, int) else list(window)
@@ -122,7 +171,7 @@ class QRNNSeq2Seq(nn.Module):
 
         if num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
-        self.hidden_size, self.num_layers, self.pad_id = hidden_size, num_layers, pad_id
+        self.hidden_size, self.num_layers = hidden_size, num_layers
         self.embedding = nn.Embedding(vocab_size, embedding_dim, padding_idx=pad_id)
         sizes = [embedding_dim] + [hidden_size] * (num_layers - 1)
         self.encoder = nn.ModuleList(
@@ -137,11 +186,7 @@ class QRNNSeq2Seq(nn.Module):
         self.generator = nn.Linear(hidden_size, vocab_size)
 
     def encode(self, src: Tensor, src_mask: Tensor) -> EncoderOutput:
-        """src (B, S) ids, src_mask (B, S) -> memory (B, S, H) and the final state of every layer."""
-        lengths = lengths_from_mask(src_mask)
-        if int(lengths.min()) < 1:
-            raise ValueError("every source row needs at least one real token")
-        x = self.dropout(self.embedding(reverse_padded(src, lengths)))  # reversed source (B, S, E)
+        x, lengths = self.embed_source(src, src_mask)  # reversed source (B, S, E)
         last = (lengths - 1).view(-1, 1, 1).expand(-1, 1, self.hidden_size)
         finals = []
         for i, layer in enumerate(self.encoder):
@@ -154,8 +199,6 @@ class QRNNSeq2Seq(nn.Module):
     def decode(
         self, tgt: Tensor, encoded: EncoderOutput, tgt_mask: Tensor | None = None, state: DecoderState | None = None
     ) -> tuple[Tensor, DecoderState]:
-        """tgt (B, T) ids (``<bos>`` first) -> logits (B, T, V) of the next tokens, and the state
-        to continue from (decoding one step at a time equals decoding the whole prefix)."""
         mask = tgt_mask if tgt_mask is not None else torch.ones_like(tgt, dtype=torch.bool)
         lengths = lengths_from_mask(mask)
         x = self.dropout(self.embedding(tgt))  # (B, T, E)
@@ -168,9 +211,56 @@ class QRNNSeq2Seq(nn.Module):
                 x = self.dropout(x)
         return self.generator(self.dropout(x)), new_state
 
-    def forward(self, src: Tensor, src_mask: Tensor, tgt: Tensor, tgt_mask: Tensor) -> Tensor:
-        """Teacher-forced logits (B, T, V) for decoder inputs ``tgt`` (B, T)."""
-        return self.decode(tgt, self.encode(src, src_mask), tgt_mask)[0]
+
+class LSTMSeq2Seq(Seq2Seq):
+    """LSTM encoder–decoder with dot-product attention, the QRNN paper's baseline (module docstring).
+
+    ``dropout`` applies to embeddings, between layers and before the output layer (the paper's
+    baseline uses 0.2). The encoder and decoder are :class:`seqzoo.baselines.LSTM` stacks (cuDNN
+    / oneDNN kernels, packed over padding).
+    """
+
+    def __init__(
+        self, vocab_size: int, embedding_dim: int, hidden_size: int, num_layers: int = 4,
+        dropout: float = 0.0, pad_id: int = 0,
+    ) -> None:
+        super().__init__(pad_id)
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        self.hidden_size, self.num_layers = hidden_size, num_layers
+        self.embedding = nn.Embedding(vocab_size, embedding_dim, padding_idx=pad_id)
+        self.encoder = LSTM(embedding_dim, hidden_size, num_layers, dropout)
+        self.decoder = LSTM(embedding_dim, hidden_size, num_layers, dropout)
+        self.attention_output = nn.Linear(2 * hidden_size, hidden_size)  # W on [h_t; k_t]
+        self.dropout = nn.Dropout(dropout)
+        self.generator = nn.Linear(hidden_size, vocab_size)
+
+    def encode(self, src: Tensor, src_mask: Tensor) -> EncoderOutput:
+        x, _ = self.embed_source(src, src_mask)  # reversed source (B, S, E)
+        memory, (h, c) = self.encoder(x, src_mask)  # (B, S, H); h, c (L, B, H) at each row's last token
+        return EncoderOutput(memory, src_mask, list(torch.stack([h, c], 2).unbind(0)))
+
+    def decode(
+        self, tgt: Tensor, encoded: EncoderOutput, tgt_mask: Tensor | None = None, state: DecoderState | None = None
+    ) -> tuple[Tensor, DecoderState]:
+        layers = state if state is not None else [tuple(final.unbind(1)) for final in encoded.finals]
+        h0, c0 = (torch.stack(s) for s in zip(*layers, strict=True))  # (L, B, H) each
+        h, (h_n, c_n) = self.decoder(self.dropout(self.embedding(tgt)), tgt_mask, (h0, c0))  # (B, T, H)
+        scores = (h @ encoded.memory.transpose(1, 2)).masked_fill(~encoded.mask.unsqueeze(1), float("-inf"))
+        context = torch.softmax(scores, -1) @ encoded.memory  # k_t (B, T, H)
+        out = torch.tanh(self.attention_output(torch.cat([h, context], -1)))
+        return self.generator(self.dropout(out)), list(zip(h_n.unbind(0), c_n.unbind(0), strict=True))
+
+
+#: ``model.encoder`` names of the encoder–decoders.
+SEQ2SEQ_MODELS: dict[str, type[Seq2Seq]] = {"qrnn": QRNNSeq2Seq, "lstm": LSTMSeq2Seq}
+
+
+def build_seq2seq(encoder: str, vocab_size: int, embedding_dim: int, **kwargs: Any) -> Seq2Seq:
+    """The encoder–decoder named ``encoder`` (``"qrnn"`` or ``"lstm"``) with ``kwargs``."""
+    if encoder not in SEQ2SEQ_MODELS:
+        raise ValueError(f"no encoder-decoder for encoder {encoder!r}; choose from {', '.join(SEQ2SEQ_MODELS)}")
+    return SEQ2SEQ_MODELS[encoder](vocab_size, embedding_dim, **kwargs)
 
 
 def length_normalized_score(log_prob: Tensor | float, length: Tensor | float, target_length: Tensor | float,
@@ -186,7 +276,7 @@ def length_normalized_score(log_prob: Tensor | float, length: Tensor | float, ta
 
 @torch.no_grad()
 def beam_search(
-    model: QRNNSeq2Seq,
+    model: Seq2Seq,
     src: Tensor,
     src_mask: Tensor,
     bos_id: int,
@@ -241,7 +331,7 @@ def beam_search(
         scores = top_scores.gather(1, keep).masked_fill(done.unsqueeze(1), float("-inf"))
         history = torch.cat([history.gather(1, beams.unsqueeze(-1).expand_as(history)), tokens.unsqueeze(-1)], -1)
         rows = (offsets + beams).view(-1)
-        state = [(c.index_select(0, rows), tail.index_select(0, rows)) for c, tail in state]
+        state = [(a.index_select(0, rows), b.index_select(0, rows)) for a, b in state]
         last = tokens.view(-1, 1)
     else:  # out of steps: live hypotheses compete as they stand
         for b in range(batch):

@@ -1,4 +1,4 @@
-"""QRNN encoder–decoder (eqs. 7–8), beam search (appendix eq. 9) and the translation recipe."""
+"""QRNN encoder–decoder (eqs. 7–8), its LSTM baseline, beam search (appendix eq. 9) and the translation recipe."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from seqzoo.data.translation import read_parallel
 from seqzoo.qrnn import QRNN, QRNNLayer
 from seqzoo.seq2seq import (
     EncoderOutput,
+    LSTMSeq2Seq,
     QRNNDecoderLayer,
     QRNNSeq2Seq,
     beam_search,
@@ -31,10 +32,14 @@ from seqzoo.testing import assert_contract
 BOS, EOS = 2, 3
 
 
-def _model(seed: int = 0, **kwargs) -> QRNNSeq2Seq:
+def _model(seed: int = 0, kind: str = "qrnn") -> QRNNSeq2Seq | LSTMSeq2Seq:
     torch.manual_seed(seed)
-    args = {"num_layers": 3, "encoder_window": [3, 2, 1], "decoder_window": [2, 2, 1]} | kwargs
-    return QRNNSeq2Seq(12, 6, 5, **args).double().eval()
+    if kind == "lstm":
+        return LSTMSeq2Seq(12, 6, 5, num_layers=3).double().eval()
+    return QRNNSeq2Seq(12, 6, 5, num_layers=3, encoder_window=[3, 2, 1], decoder_window=[2, 2, 1]).double().eval()
+
+
+KINDS = ["qrnn", "lstm"]
 
 
 @pytest.mark.parametrize("window", [1, 2, 3, 4])
@@ -69,8 +74,9 @@ def test_reverse_padded_flips_real_tokens_only():
     torch.testing.assert_close(reverse_padded(ids, lengths_from_mask(mask)), torch.tensor([[6, 5, 4], [8, 7, 0]]))
 
 
-def test_padded_pair_equals_the_pair_alone():
-    model = _model()
+@pytest.mark.parametrize("kind", KINDS)
+def test_padded_pair_equals_the_pair_alone(kind):
+    model = _model(kind=kind)
     src, src_mask = pad_batch([[4, 5, 6, 7, 8], [9, 10]])
     tgt, tgt_mask = pad_batch([[BOS, 4, 5], [BOS, 6, 7, 8, 9]])
     batched = model(src, src_mask, tgt, tgt_mask)
@@ -80,8 +86,9 @@ def test_padded_pair_equals_the_pair_alone():
         torch.testing.assert_close(batched[b, : t.shape[1]], alone[0])
 
 
-def test_stepwise_decoding_equals_whole_prefix():
-    model = _model()
+@pytest.mark.parametrize("kind", KINDS)
+def test_stepwise_decoding_equals_whole_prefix(kind):
+    model = _model(kind=kind)
     src, src_mask = pad_batch([[4, 5, 6, 7], [9, 10, 11]])
     tgt = torch.tensor([[BOS, 4, 5, 6, 7], [BOS, 8, 9, 10, 11]])
     encoded = model.encode(src, src_mask)
@@ -145,11 +152,42 @@ def _greedy(model, src, src_mask, max_len):
     return out
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_beam_of_one_is_greedy(seed):
-    model = _model(seed)
+@pytest.mark.parametrize(("seed", "kind"), list(itertools.product(range(4), KINDS)))
+def test_beam_of_one_is_greedy(seed, kind):
+    model = _model(seed, kind)
     src, src_mask = pad_batch([[4, 5, 6, 7]])
     assert beam_search(model, src, src_mask, BOS, EOS, beam_size=1, max_len=12) == [_greedy(model, src, src_mask, 12)]
+
+
+def test_lstm_decoder_starts_from_the_encoder_states_and_attends_over_real_tokens():
+    model = _model(kind="lstm")
+    src, src_mask = pad_batch([[4, 5, 6], [7, 8]])
+    encoded = model.encode(src, src_mask)
+    assert len(encoded.finals) == 3 and encoded.finals[0].shape == (2, 2, 5)  # (B, [h; c], H) per layer
+    tgt = torch.tensor([[BOS, 4], [BOS, 5]])
+    logits, _ = model.decode(tgt, encoded)
+    # whatever the memory holds at the padded source position, the output is the same
+    junk = encoded.memory.clone()
+    junk[1, 2] = 100.0
+    torch.testing.assert_close(model.decode(tgt, encoded._replace(memory=junk))[0], logits)
+    # every decoder layer starts from its encoder layer's final (h, c)
+    for layer in range(3):
+        finals = list(encoded.finals)
+        finals[layer] = finals[layer] + 1
+        assert not torch.allclose(model.decode(tgt, encoded._replace(finals=finals))[0], logits)
+
+
+def test_lstm_decoder_gradcheck():
+    model = _model(kind="lstm")
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    memory = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
+    finals = [torch.randn(2, 2, 5, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    tgt, tgt_mask = pad_batch([[BOS, 4, 5], [BOS, 6]])
+
+    def run(memory, *finals):
+        return model.decode(tgt, EncoderOutput(memory, mask, list(finals)), tgt_mask)[0]
+
+    assert torch.autograd.gradcheck(run, (memory, *finals))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -205,7 +243,14 @@ def _write_copy_corpus(root: Path) -> None:
         (root / f"{split}.en").write_text("\n".join(s[::-1] for s in src) + "\n", encoding="utf-8")
 
 
-def test_translation_recipe_end_to_end(tmp_path, capsys):
+TOY_ENCODER_ARGS = {
+    "qrnn": "{hidden_size: 32, num_layers: 2, encoder_window: [3, 2], decoder_window: 2}",
+    "lstm": "{hidden_size: 32, num_layers: 2}",
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_translation_recipe_end_to_end(tmp_path, capsys, kind):
     pytest.importorskip("sacrebleu")
     _write_copy_corpus(tmp_path)
     config = tmp_path / "config.yaml"
@@ -214,8 +259,7 @@ def test_translation_recipe_end_to_end(tmp_path, capsys):
 name: toy_translation
 task: translation
 data: {{data_dir: {tmp_path}, max_chars: 300, embedding_dim: 16, beam_size: 4}}
-model: {{encoder: qrnn, encoder_args: {{hidden_size: 32, num_layers: 2, encoder_window: [3, 2], decoder_window: 2}},
-        dropout: 0.0}}
+model: {{encoder: {kind}, encoder_args: {TOY_ENCODER_ARGS[kind]}, dropout: 0.0}}
 optim: {{optimizer: adam, lr: 0.01}}
 train: {{epochs: 8, patience: null, batch_size: 16, eval_batch_size: 32, progress: false, threads: 1}}
 """, encoding="utf-8")
@@ -235,8 +279,8 @@ def test_translation_config_rejects_other_encoders(tmp_path):
     _write_copy_corpus(tmp_path)
     from seqzoo.tasks.translation import TranslationTask, read_splits
 
-    cfg = load_config(None, ["task=translation", f"data.data_dir={tmp_path}", "model.encoder=lstm"])
-    with pytest.raises(ValueError, match="QRNN encoder-decoder"):
+    cfg = load_config(None, ["task=translation", f"data.data_dir={tmp_path}", "model.encoder=gru"])
+    with pytest.raises(ValueError, match="no encoder-decoder for encoder 'gru'; choose from qrnn, lstm"):
         TranslationTask(cfg, read_splits(cfg.data))
 
 
@@ -248,3 +292,12 @@ def test_paper_protocol_config():
     assert (args["encoder_window"], args["decoder_window"], cfg.model.dropout) == ([6, 2, 2, 2], 2, 0.0)
     assert (cfg.data.beam_size, cfg.data.length_alpha, cfg.data.max_chars) == (8, 0.6, 300)
     assert (cfg.optim.optimizer, cfg.optim.lr, cfg.optim.clip_norm, cfg.train.batch_size) == ("adam", 0.001, 5.0, 16)
+
+
+def test_lstm_baseline_config_differs_from_the_qrnn_config_only_in_the_model():
+    """configs/translation_de_en_lstm.yaml: the paper's LSTM baseline, same size, dropout 0.2 (MODELS.md 1.9)."""
+    root = Path(__file__).resolve().parents[1] / "configs"
+    qrnn, lstm = (load_config(root / f"translation_de_en_{kind}.yaml") for kind in KINDS)
+    assert (lstm.model.encoder, lstm.model.encoder_args, lstm.model.dropout) == (
+        "lstm", {"hidden_size": 320, "num_layers": 4}, 0.2)
+    assert (lstm.data, lstm.optim, lstm.train) == (qrnn.data, qrnn.optim, qrnn.train)

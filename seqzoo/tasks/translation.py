@@ -1,12 +1,13 @@
-"""Character-level translation recipe: the QRNN paper's encoder–decoder (MODELS.md 1.7–1.9, TASKS.md 5).
+"""Character-level translation: the QRNN paper's encoder–decoder and its LSTM baseline (MODELS.md 1.7–1.9, TASKS.md 5).
 
 Data: ``{data_dir}/{train,dev,test}.{source,target}[.gz]`` (:mod:`seqzoo.data.translation`),
 read as characters with one vocabulary for both sides. Training pairs with a side longer than
 ``data.max_chars`` are dropped (the paper: 300); dev and test are kept whole.
 
-Model: ``model.encoder`` must be ``"qrnn"``; ``model.encoder_args`` go to
-:class:`~seqzoo.seq2seq.QRNNSeq2Seq` (``hidden_size``, ``num_layers``, ``encoder_window``,
-``decoder_window``); ``model.dropout`` is its dropout; ``data.embedding_dim`` the embedding size.
+Model: ``model.encoder`` is ``"qrnn"`` (:class:`~seqzoo.seq2seq.QRNNSeq2Seq`: ``encoder_args``
+``hidden_size``, ``num_layers``, ``encoder_window``, ``decoder_window``) or ``"lstm"``
+(:class:`~seqzoo.seq2seq.LSTMSeq2Seq`: ``hidden_size``, ``num_layers``); ``model.dropout`` is its
+dropout; ``data.embedding_dim`` the embedding size.
 
 Metrics: ``loss`` is the teacher-forced mean NLL per target character (``<eos>`` included, in
 nats); ``bleu`` and ``chrf`` are sacrebleu corpus scores of the beam-search output
@@ -30,7 +31,7 @@ from seqzoo.data.batching import bucket_batches, pad_batch
 from seqzoo.data.errors import DataError
 from seqzoo.data.text import Vocab
 from seqzoo.data.translation import BOS, EOS, build_char_vocab, find_parallel, read_parallel
-from seqzoo.seq2seq import QRNNSeq2Seq, beam_search
+from seqzoo.seq2seq import beam_search, build_seq2seq
 from seqzoo.tasks.common import epoch_seed
 from seqzoo.training import StepLoss
 
@@ -80,16 +81,12 @@ class TranslationTask:
     def __init__(self, config: RunConfig, pairs: dict[str, list[tuple[str, str]]], vocab: Vocab | None = None) -> None:
         self.config = config
         data: TranslationDataConfig = config.data
-        if config.model.encoder != "qrnn":
-            raise ValueError(
-                f"translation implements the QRNN encoder-decoder; model.encoder is {config.model.encoder!r}"
-            )
         self.vocab = vocab or build_char_vocab((text for pair in pairs["train"] for text in pair), data.min_freq)
         self.bos_id, self.eos_id = self.vocab.token_to_id(BOS), self.vocab.token_to_id(EOS)
         self.pairs = pairs
         self.ids = {split: [(self.vocab.encode(s), self.vocab.encode(t)) for s, t in p] for split, p in pairs.items()}
-        self.model = QRNNSeq2Seq(len(self.vocab), data.embedding_dim, dropout=config.model.dropout,
-                                 pad_id=self.vocab.pad_id, **config.model.encoder_args)
+        self.model = build_seq2seq(config.model.encoder, len(self.vocab), data.embedding_dim,
+                                   dropout=config.model.dropout, pad_id=self.vocab.pad_id, **config.model.encoder_args)
 
     def _batch(self, split: str, indices: list[int]) -> tuple[Tensor, ...]:
         """src, src_mask, decoder input (``<bos>`` + target), its mask, output (target + ``<eos>``)."""
