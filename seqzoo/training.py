@@ -13,8 +13,9 @@ rest and writes the run directory::
 Resuming (``Trainer.fit(resume=True)``) restarts from ``last/`` at the exact batch where it
 was saved: batch order is a pure function of (seed, epoch) and all RNG states are restored,
 so on CPU the resumed run reproduces the uninterrupted one's metrics exactly. A finished run
-resumed under a larger ``train.epochs`` trains on from its last epoch (:func:`trains_further`);
-its old test record is dropped and the new best checkpoint is tested again.
+resumed under a config that lets it go on (a larger ``train.epochs`` or ``train.max_steps``, a
+larger or no ``train.patience``) trains on from its last epoch (:func:`trains_further`); its
+old test record is dropped and the new best checkpoint is tested again.
 """
 
 from __future__ import annotations
@@ -127,8 +128,7 @@ class Trainer:
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.state: dict[str, Any] = {
             "epoch": 0, "step_in_epoch": 0, "global_step": 0, "loss_sum": 0.0, "loss_count": 0,
-            "best": None, "best_epoch": None, "bad_epochs": 0, "lr": config.optim.lr, "done": False,
-            "metrics_bytes": 0,
+            "best": None, "best_epoch": None, "bad_epochs": 0, "lr": config.optim.lr, "metrics_bytes": 0,
         }
         self._handler = self._attach_log()
 
@@ -172,6 +172,7 @@ class Trainer:
         if path is None:
             return False
         doc = _read_train_state(path)
+        doc["loop"].pop("done", None)  # a stop flag older runs stored; stopping now follows the config
         if set(doc["loop"]) != set(self.state):
             missing, unknown = sorted(set(self.state) - set(doc["loop"])), sorted(set(doc["loop"]) - set(self.state))
             raise TrainingError(
@@ -279,10 +280,8 @@ class Trainer:
         state.update(epoch=epoch + 1, step_in_epoch=0, loss_sum=0.0, loss_count=0)
         if patience is not None and state["bad_epochs"] >= patience:
             log.info("early stopping: no dev improvement for %d epochs", patience)
-            state["done"] = True
         if self._budget_spent():
             log.info("step budget of %d steps spent", cfg.train.max_steps)
-            state["done"] = True
         self._save_last()
         plot_curves(self.metrics_path, self.run_dir / "plots", task.metric)
 
@@ -318,14 +317,18 @@ class Trainer:
 
 def trains_further(run_dir: str | Path, config: RunConfig) -> bool:
     """Whether resuming ``run_dir`` under ``config`` would train: its ``last/`` loop state is
-    neither stopped (early stopping, step budget) nor past ``config.train.epochs``."""
+    neither stopped by ``config`` (early stopping, step budget) nor past ``config.train.epochs``."""
     path = resolve_checkpoint(Path(run_dir) / "last")
     return path is not None and _epochs_left(_read_train_state(path)["loop"], config)
 
 
 def _epochs_left(loop: dict[str, Any], config: RunConfig) -> bool:
-    """The training loop's condition: not stopped (early stopping, step budget), epochs left."""
-    return not loop["done"] and loop["epoch"] < config.train.epochs
+    """The training loop's condition: epochs left, and neither ``config.train.patience`` epochs
+    without a dev improvement nor the ``config.train.max_steps`` budget reached."""
+    patience, budget = config.train.patience, config.train.max_steps
+    stopped = (patience is not None and loop["bad_epochs"] >= patience) or (
+        budget is not None and loop["global_step"] >= budget)
+    return not stopped and loop["epoch"] < config.train.epochs
 
 
 def _read_train_state(checkpoint: Path) -> dict[str, Any]:

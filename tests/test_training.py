@@ -85,7 +85,7 @@ def test_step_budget_stops_mid_epoch_after_evaluating(toy_corpus, tmp_path):
     records = _records(tmp_path / "budget")
     assert [r["event"] for r in records] == ["epoch", "epoch", "test"]  # 30 steps per epoch: stops in epoch 2
     state = json.loads((tmp_path / "budget/last/train_state.json").read_text())["loop"]
-    assert state["global_step"] == 45 and state["done"]
+    assert state["global_step"] == 45
 
 
 def test_kfold_when_no_test_split(toy_corpus, tmp_path):
@@ -170,6 +170,33 @@ def test_resume_with_a_larger_epoch_budget_trains_on(toy_corpus, tmp_path):
     before = (short / "metrics.jsonl").read_text()
     assert main(["train", "--resume", str(short)]) == 0
     assert (short / "metrics.jsonl").read_text() == before
+
+
+def test_resume_with_early_stopping_relaxed_trains_on(toy_corpus, tmp_path, monkeypatch):
+    """An early-stopped run resumed with ``train.patience=null`` goes on as if it had never stopped."""
+    from seqzoo.tasks.classification import ClassificationTask
+
+    original = ClassificationTask.evaluate
+
+    def flat_dev(self, split):  # dev accuracy never improves after epoch 1
+        metrics = original(self, split)
+        return metrics | {"accuracy": 0.5} if split == "dev" else metrics
+
+    monkeypatch.setattr(ClassificationTask, "evaluate", flat_dev)
+    config = str(_config_yaml(toy_corpus, tmp_path))  # 3 epochs, patience null
+    stopped, clean = tmp_path / "stopped", tmp_path / "clean"
+    assert main(["train", config, "--run-dir", str(stopped), "--set", "train.patience=1"]) == 0  # stops after 2
+    assert [r["event"] for r in _records(stopped)] == ["epoch", "epoch", "test"]
+    before = (stopped / "metrics.jsonl").read_text()
+    assert main(["train", "--resume", str(stopped)]) == 0  # the same rule still stops it
+    assert (stopped / "metrics.jsonl").read_text() == before
+    path = stopped / "last/train_state.json"  # runs written before stopping followed the config had a flag
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps(doc | {"loop": doc["loop"] | {"done": True}}))
+    assert main(["train", "--resume", str(stopped), "--set", "train.patience=null"]) == 0
+    assert main(["train", config, "--run-dir", str(clean)]) == 0
+    assert [r["event"] for r in _records(stopped)] == ["epoch"] * 3 + ["test"]
+    assert _records(stopped) == _records(clean)
 
 
 def test_resume_rejects_loop_state_of_another_version(toy_corpus, tmp_path):
