@@ -216,8 +216,8 @@ class LSTMSeq2Seq(Seq2Seq):
     """LSTM encoder–decoder with dot-product attention, the QRNN paper's baseline (module docstring).
 
     ``dropout`` applies to embeddings, between layers and before the output layer (the paper's
-    baseline uses 0.2). The encoder and decoder are :class:`seqzoo.baselines.LSTM` stacks (cuDNN
-    / oneDNN kernels, packed over padding).
+    baseline uses 0.2). The encoder and decoder are :class:`seqzoo.baselines.LSTM` stacks (torch's
+    ``nn.LSTM``, packed over padding).
     """
 
     def __init__(
