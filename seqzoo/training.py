@@ -247,7 +247,7 @@ class Trainer:
                 bar.set_postfix(loss=f"{state['loss_sum'] / max(state['loss_count'], 1):.4f}", tok_s=f"{rate:,.0f}")
             if cfg.train.checkpoint_every and state["global_step"] % cfg.train.checkpoint_every == 0:
                 self._save_last()
-            if self._budget_spent():
+            if _budget_spent(state, cfg):
                 break
         bar.close()
         seconds = time.perf_counter() - start
@@ -276,18 +276,13 @@ class Trainer:
             state["bad_epochs"] += 1
         self._record(record)
         self._step_schedule(epoch, improved)
-        patience = cfg.train.patience
         state.update(epoch=epoch + 1, step_in_epoch=0, loss_sum=0.0, loss_count=0)
-        if patience is not None and state["bad_epochs"] >= patience:
-            log.info("early stopping: no dev improvement for %d epochs", patience)
-        if self._budget_spent():
+        if _patience_spent(state, cfg):
+            log.info("early stopping: no dev improvement for %d epochs", cfg.train.patience)
+        if _budget_spent(state, cfg):
             log.info("step budget of %d steps spent", cfg.train.max_steps)
         self._save_last()
         plot_curves(self.metrics_path, self.run_dir / "plots", task.metric)
-
-    def _budget_spent(self) -> bool:
-        budget = self.config.train.max_steps
-        return budget is not None and self.state["global_step"] >= budget
 
     def _step_schedule(self, epoch: int, improved: bool) -> None:
         cfg = self.config.optim
@@ -322,13 +317,22 @@ def trains_further(run_dir: str | Path, config: RunConfig) -> bool:
     return path is not None and _epochs_left(_read_train_state(path)["loop"], config)
 
 
+def _patience_spent(loop: dict[str, Any], config: RunConfig) -> bool:
+    """Early stopping: ``config.train.patience`` epochs in a row without a dev improvement."""
+    patience = config.train.patience
+    return patience is not None and loop["bad_epochs"] >= patience
+
+
+def _budget_spent(loop: dict[str, Any], config: RunConfig) -> bool:
+    """The step budget ``config.train.max_steps`` is used up."""
+    budget = config.train.max_steps
+    return budget is not None and loop["global_step"] >= budget
+
+
 def _epochs_left(loop: dict[str, Any], config: RunConfig) -> bool:
-    """The training loop's condition: epochs left, and neither ``config.train.patience`` epochs
-    without a dev improvement nor the ``config.train.max_steps`` budget reached."""
-    patience, budget = config.train.patience, config.train.max_steps
-    stopped = (patience is not None and loop["bad_epochs"] >= patience) or (
-        budget is not None and loop["global_step"] >= budget)
-    return not stopped and loop["epoch"] < config.train.epochs
+    """The training loop's condition: epochs left, and neither early stopping nor the step budget
+    of ``config`` stops the loop (so a run resumed under a relaxed config trains on)."""
+    return not (_patience_spent(loop, config) or _budget_spent(loop, config)) and loop["epoch"] < config.train.epochs
 
 
 def _read_train_state(checkpoint: Path) -> dict[str, Any]:
