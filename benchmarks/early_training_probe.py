@@ -52,10 +52,13 @@ def main() -> None:
         aux.append(0.0 if term is None else term.detach().item())
         ce.append(step.loss.detach().item() - aux[-1])
         if (index + 1) % args.every == 0:
-            mean_ce, mean_aux = (sum(v[-args.every:]) / args.every / math.log(2) for v in (ce, aux))
-            norm = "" if norms[-1] is None else f", grad norm {statistics.median(norms[-args.every:]):.3f}"
-            print(f"step {index + 1}: train CE {mean_ce:.3f} bits, auxiliary {mean_aux:+.3f} bits{norm}, "
-                  f"{time.perf_counter() - start:.0f} s", flush=True)
+            mean_ce, mean_aux = (sum(v[-args.every :]) / args.every / math.log(2) for v in (ce, aux))
+            norm = "" if norms[-1] is None else f", grad norm {statistics.median(norms[-args.every :]):.3f}"
+            print(
+                f"step {index + 1}: train CE {mean_ce:.3f} bits, auxiliary {mean_aux:+.3f} bits{norm}, "
+                f"{time.perf_counter() - start:.0f} s",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -64,8 +64,9 @@ def hidden_state_figure(states: HiddenStates, title: str = "") -> Figure:
     fig = Figure(figsize=(min(40.0, max(6.0, 0.25 * steps)), min(30.0, max(3.0, 0.12 * units + 1.5))))
     ax = fig.subplots()
     limit = float(states.values.abs().max()) or 1.0
-    image = ax.imshow(states.values.T.numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto",
-                      interpolation="nearest")
+    image = ax.imshow(
+        states.values.T.numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto", interpolation="nearest"
+    )
     ax.set_xticks(range(steps), states.tokens, rotation=90, fontsize=7)
     if units <= 64:
         ax.set_yticks(range(units), [str(c) for c in states.channels], fontsize=6)

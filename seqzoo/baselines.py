@@ -35,8 +35,13 @@ class _TorchRNN(Encoder):
         super().__init__(input_size, hidden_size, bidirectional=bidirectional)
         self.num_layers = num_layers
         self.rnn = self.rnn_class(
-            input_size, hidden_size, num_layers=num_layers, bias=bias, batch_first=True,
-            dropout=dropout if num_layers > 1 else 0.0, bidirectional=bidirectional,
+            input_size,
+            hidden_size,
+            num_layers=num_layers,
+            bias=bias,
+            batch_first=True,
+            dropout=dropout if num_layers > 1 else 0.0,
+            bidirectional=bidirectional,
         )
 
     def forward(self, x: Tensor, mask: Tensor | None = None, state: State = None) -> tuple[Tensor, State]:
@@ -113,8 +118,12 @@ class TransformerEncoder(Encoder):
         self.causal = causal
         self.proj = nn.Linear(input_size, hidden_size) if input_size != hidden_size else nn.Identity()
         layer = nn.TransformerEncoderLayer(
-            hidden_size, nhead, dim_feedforward or 4 * hidden_size, dropout,
-            batch_first=True, norm_first=norm_first,
+            hidden_size,
+            nhead,
+            dim_feedforward or 4 * hidden_size,
+            dropout,
+            batch_first=True,
+            norm_first=norm_first,
         )
         self.layers = nn.TransformerEncoder(layer, num_layers, enable_nested_tensor=False)
         self.dropout = nn.Dropout(dropout)

@@ -152,5 +152,13 @@ class LayerNormGRU(DeepTransitionGRU):
         bidirectional: bool = False,
         layer_norm: bool = True,
     ) -> None:
-        super().__init__(input_size, hidden_size, num_layers, dropout, bidirectional,
-                         transition_depth=0, linear_gate=False, layer_norm=layer_norm)
+        super().__init__(
+            input_size,
+            hidden_size,
+            num_layers,
+            dropout,
+            bidirectional,
+            transition_depth=0,
+            linear_gate=False,
+            layer_norm=layer_norm,
+        )

@@ -6,7 +6,14 @@ import torch
 from torch import Tensor, nn
 
 __all__ = [
-    "POOLERS", "AttentionPooler", "LastPooler", "MaxPooler", "MeanMaxPooler", "MeanPooler", "Pooler", "build_pooler",
+    "POOLERS",
+    "AttentionPooler",
+    "LastPooler",
+    "MaxPooler",
+    "MeanMaxPooler",
+    "MeanPooler",
+    "Pooler",
+    "build_pooler",
 ]
 
 

@@ -92,8 +92,15 @@ class QRNNLayer(nn.Module):
             else:
                 keep_prob = 1.0 - self.zoneout
         h, c_last = qrnn_layer(
-            padded, self.linear.weight, self.linear.bias, lengths, c0,
-            pooling=self.pooling, keep=keep, keep_prob=keep_prob, reverse=self.reverse,
+            padded,
+            self.linear.weight,
+            self.linear.bias,
+            lengths,
+            c0,
+            pooling=self.pooling,
+            keep=keep,
+            keep_prob=keep_prob,
+            reverse=self.reverse,
         )
         carries = self.window > 1 and self.causal and not self.reverse
         return h, c_last, last_inputs(padded, lengths, self.window) if carries else x_tail

@@ -99,8 +99,10 @@ def format_summary(summary: dict[str, Any]) -> list[str]:
 def find_runs(run_dir: str | Path) -> list[Path]:
     """Every sub-run directory below ``run_dir`` that holds a ``best/`` checkpoint."""
     run_dir = Path(run_dir)
-    found = sorted({p.parent for p in run_dir.rglob("best") if resolve_checkpoint(p)} |
-                   {p.parent for p in run_dir.rglob("best.old") if resolve_checkpoint(p.with_name("best"))})
+    found = sorted(
+        {p.parent for p in run_dir.rglob("best") if resolve_checkpoint(p)}
+        | {p.parent for p in run_dir.rglob("best.old") if resolve_checkpoint(p.with_name("best"))}
+    )
     return found
 
 

@@ -42,8 +42,14 @@ from seqzoo.kernels import qrnn_pool, window_linear
 from seqzoo.qrnn import QRNNLayer, last_inputs
 
 __all__ = [
-    "EncoderOutput", "LSTMSeq2Seq", "QRNNDecoderLayer", "QRNNSeq2Seq", "Seq2Seq", "beam_search",
-    "build_seq2seq", "length_normalized_score",
+    "EncoderOutput",
+    "LSTMSeq2Seq",
+    "QRNNDecoderLayer",
+    "QRNNSeq2Seq",
+    "Seq2Seq",
+    "beam_search",
+    "build_seq2seq",
+    "length_normalized_score",
 ]
 
 #: Decoder state, one pair of (B, ...) tensors per layer: ``(c (B, H), x_tail (B, k - 1, n))``
@@ -58,8 +64,10 @@ class EncoderOutput(NamedTuple):
 
     def repeat(self, times: int) -> EncoderOutput:
         """Each row repeated ``times`` times in place (row b -> rows b·times ... b·times + times - 1), for beams."""
-        return EncoderOutput(*(t.repeat_interleave(times, 0) for t in (self.memory, self.mask)),
-                             [f.repeat_interleave(times, 0) for f in self.finals])
+        return EncoderOutput(
+            *(t.repeat_interleave(times, 0) for t in (self.memory, self.mask)),
+            [f.repeat_interleave(times, 0) for f in self.finals],
+        )
 
 
 def reverse_padded(x: Tensor, lengths: Tensor) -> Tensor:
@@ -83,7 +91,11 @@ class QRNNDecoderLayer(nn.Module):
         self.output = nn.Linear(2 * hidden_size, hidden_size) if attention else None  # [W_c | W_k]
 
     def forward(
-        self, x: Tensor, lengths: Tensor, encoded: EncoderOutput, final: Tensor,
+        self,
+        x: Tensor,
+        lengths: Tensor,
+        encoded: EncoderOutput,
+        final: Tensor,
         state: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, tuple[Tensor, Tensor], Tensor | None]:
         """x (B, T, n) -> h (B, T, H) zero at pads, the state after each row's last real step, and
@@ -221,8 +233,13 @@ class LSTMSeq2Seq(Seq2Seq):
     """
 
     def __init__(
-        self, vocab_size: int, embedding_dim: int, hidden_size: int, num_layers: int = 4,
-        dropout: float = 0.0, pad_id: int = 0,
+        self,
+        vocab_size: int,
+        embedding_dim: int,
+        hidden_size: int,
+        num_layers: int = 4,
+        dropout: float = 0.0,
+        pad_id: int = 0,
     ) -> None:
         super().__init__(pad_id)
         if num_layers < 1:
@@ -263,8 +280,9 @@ def build_seq2seq(encoder: str, vocab_size: int, embedding_dim: int, **kwargs: A
     return SEQ2SEQ_MODELS[encoder](vocab_size, embedding_dim, **kwargs)
 
 
-def length_normalized_score(log_prob: Tensor | float, length: Tensor | float, target_length: Tensor | float,
-                            alpha: float) -> Tensor | float:
+def length_normalized_score(
+    log_prob: Tensor | float, length: Tensor | float, target_length: Tensor | float, alpha: float
+) -> Tensor | float:
     """Beam ranking criterion (appendix eq. 9): ``(T_trg / T)^α · Σ log P``.
 
     ``length`` T is the hypothesis length in tokens (its ``<eos>`` included) and ``target_length``
@@ -319,7 +337,7 @@ def beam_search(
         ends = (tokens == eos_id) & torch.isfinite(top_scores)
         # candidates are taken best first until K continue; <eos> ones met before that end hypotheses
         continuing_before = torch.cumsum(~ends, 1) - (~ends).long()
-        for b, j in ((ends & (continuing_before < k)).nonzero().tolist()):
+        for b, j in (ends & (continuing_before < k)).nonzero().tolist():
             if len(finished[b]) < k:
                 score = length_normalized_score(float(top_scores[b, j]), step, target_lengths[b], alpha)
                 finished[b].append((score, history[b, int(beams[b, j])].tolist()))
@@ -335,8 +353,10 @@ def beam_search(
         last = tokens.view(-1, 1)
     else:  # out of steps: live hypotheses compete as they stand
         for b in range(batch):
-            finished[b].extend((length_normalized_score(s, max_len, target_lengths[b], alpha), h)
-                               for s, h in zip(scores[b].tolist(), history[b].tolist(), strict=True)
-                               if s > float("-inf"))
+            finished[b].extend(
+                (length_normalized_score(s, max_len, target_lengths[b], alpha), h)
+                for s, h in zip(scores[b].tolist(), history[b].tolist(), strict=True)
+                if s > float("-inf")
+            )
     model.train(was_training)
     return [max(f, key=lambda pair: pair[0])[1] if f else [] for f in finished]

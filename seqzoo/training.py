@@ -127,8 +127,16 @@ class Trainer:
         self.optimizer = build_optimizer(list(task.model.parameters()), config.optim)
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.state: dict[str, Any] = {
-            "epoch": 0, "step_in_epoch": 0, "global_step": 0, "loss_sum": 0.0, "loss_count": 0,
-            "best": None, "best_epoch": None, "bad_epochs": 0, "lr": config.optim.lr, "metrics_bytes": 0,
+            "epoch": 0,
+            "step_in_epoch": 0,
+            "global_step": 0,
+            "loss_sum": 0.0,
+            "loss_count": 0,
+            "best": None,
+            "best_epoch": None,
+            "bad_epochs": 0,
+            "lr": config.optim.lr,
+            "metrics_bytes": 0,
         }
         self._handler = self._attach_log()
 
@@ -160,7 +168,9 @@ class Trainer:
             {"model": _model_tensors(self.task.model), "optimizer": optim_tensors, "rng": rng, "extra": extra_tensors},
             {
                 "train_state.json": {
-                    "loop": self.state, "optimizer": optim_skeleton, "extra": extra_skeleton,
+                    "loop": self.state,
+                    "optimizer": optim_skeleton,
+                    "extra": extra_skeleton,
                     "python_rng": _jsonable(random.getstate()),
                 },
                 "config.json": config_to_dict(self.config),
@@ -222,8 +232,14 @@ class Trainer:
         epoch = state["epoch"]
         batches = task.train_batches(epoch)
         show = cfg.train.progress if cfg.train.progress is not None else sys.stderr.isatty()
-        bar = tqdm(total=len(batches), initial=state["step_in_epoch"], disable=not show,
-                   desc=f"epoch {epoch + 1}/{cfg.train.epochs}", unit="batch", dynamic_ncols=True)
+        bar = tqdm(
+            total=len(batches),
+            initial=state["step_in_epoch"],
+            disable=not show,
+            desc=f"epoch {epoch + 1}/{cfg.train.epochs}",
+            unit="batch",
+            dynamic_ncols=True,
+        )
         task.model.train()
         start, tokens_seen = time.perf_counter(), 0
         for index in range(state["step_in_epoch"], len(batches)):
@@ -260,14 +276,23 @@ class Trainer:
         best = state["best"]
         improved = best is None or (value > best if task.higher_is_better else value < best)
         record = {
-            "event": "epoch", "epoch": epoch + 1, "lr": state["lr"],
+            "event": "epoch",
+            "epoch": epoch + 1,
+            "lr": state["lr"],
             "train_loss": state["loss_sum"] / max(state["loss_count"], 1),
             **{f"dev_{k}": v for k, v in dev.items()},
-            "seconds": round(seconds, 3), "tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
+            "seconds": round(seconds, 3),
+            "tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
         }
         log.info(
-            "epoch %d: train loss %.4f, dev %s %.4f%s, %.1fs, %.0f tokens/s", epoch + 1, record["train_loss"],
-            task.metric, value, " (best)" if improved else "", seconds, record["tokens_per_s"],
+            "epoch %d: train loss %.4f, dev %s %.4f%s, %.1fs, %.0f tokens/s",
+            epoch + 1,
+            record["train_loss"],
+            task.metric,
+            value,
+            " (best)" if improved else "",
+            seconds,
+            record["tokens_per_s"],
         )
         if improved:
             state.update(best=value, best_epoch=epoch + 1, bad_epochs=0)

@@ -22,12 +22,14 @@ def qrnn_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("hidden")
     data = write_sentiment_corpus(root / "data")
     config = root / "toy.yaml"
-    config.write_text(textwrap.dedent(f"""\
+    config.write_text(
+        textwrap.dedent(f"""\
         name: toy
         data: {{name: toy, data_dir: {data}, embedding_dim: 8}}
         model: {{encoder: qrnn, encoder_args: {{hidden_size: 10, num_layers: 2, window: 2}}, pooler: mean}}
         train: {{epochs: 1, batch_size: 16, patience: null, progress: false}}
-        """))
+        """)
+    )
     run(load_config(config), root / "run")
     return root / "run"
 

@@ -16,8 +16,23 @@ def _rows(capsys) -> list[dict]:
 
 @pytest.mark.parametrize("window", [1, 2])
 def test_bench_encoders_reports_rates_bound_and_pooling_share(capsys, window):
-    args = ["bench", "encoders", "--encoders", "lstm,gru,qrnn", "--shapes", "2x6x8,3x4x8", "--json",
-            "--repeats", "1", "--warmup", "0", "--threads", "1", "--qrnn-window", str(window)]
+    args = [
+        "bench",
+        "encoders",
+        "--encoders",
+        "lstm,gru,qrnn",
+        "--shapes",
+        "2x6x8,3x4x8",
+        "--json",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--threads",
+        "1",
+        "--qrnn-window",
+        str(window),
+    ]
     assert main(args) == 0
     rows = _rows(capsys)
     assert [(r["encoder"], r["batch"], r["seq_len"]) for r in rows] == [

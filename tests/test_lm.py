@@ -35,11 +35,24 @@ def write_corpus(directory: Path, sizes=(160, 30, 30), seed: int = 0) -> Path:
 
 def make_config(data_dir: Path, tmp_path: Path, level: str = "word", **sections):
     values = {
-        "task": "lm", "name": "toy_lm", "output_dir": str(tmp_path / "runs"),
-        "data": {"data_dir": str(data_dir), "level": level, "batch_size": 4, "eval_batch_size": 3, "bptt": 8,
-                 "embedding_dim": 16},
-        "model": {"encoder": "lstm", "encoder_args": {"hidden_size": 16}, "dropout": 0.1, "embedding_dropout": 0.1,
-                  "tie_weights": True},
+        "task": "lm",
+        "name": "toy_lm",
+        "output_dir": str(tmp_path / "runs"),
+        "data": {
+            "data_dir": str(data_dir),
+            "level": level,
+            "batch_size": 4,
+            "eval_batch_size": 3,
+            "bptt": 8,
+            "embedding_dim": 16,
+        },
+        "model": {
+            "encoder": "lstm",
+            "encoder_args": {"hidden_size": 16},
+            "dropout": 0.1,
+            "embedding_dropout": 0.1,
+            "tie_weights": True,
+        },
         "optim": {"optimizer": "adam", "lr": 0.01, "clip_norm": 1.0},
         "train": {"epochs": 2, "patience": None, "checkpoint_every": 10, "seed": 5, "progress": False},
     }
@@ -117,8 +130,9 @@ def test_training_lowers_the_loss_and_tied_weights_checkpoint(corpus, tmp_path):
 
 
 def test_non_causal_encoder_is_refused(corpus, tmp_path):
-    config = make_config(corpus, tmp_path, model={"encoder_args": {"hidden_size": 8, "bidirectional": True},
-                                                  "tie_weights": False})
+    config = make_config(
+        corpus, tmp_path, model={"encoder_args": {"hidden_size": 8, "bidirectional": True}, "tie_weights": False}
+    )
     with pytest.raises(ValueError, match="not causal and stateful"):
         LMTask(config, read_splits(config.data))
 
@@ -167,8 +181,11 @@ def test_resume_mid_epoch_reproduces_uninterrupted_run(corpus, tmp_path, monkeyp
 def test_carried_state_survives_the_checkpoint_format(corpus, tmp_path, encoder):
     import seqzoo.qrnn  # noqa: F401  (registers "qrnn")
 
-    config = make_config(corpus, tmp_path, model={"encoder": encoder, "encoder_args": {"hidden_size": 16},
-                                                  "dropout": 0.0, "embedding_dropout": 0.0})
+    config = make_config(
+        corpus,
+        tmp_path,
+        model={"encoder": encoder, "encoder_args": {"hidden_size": 16}, "dropout": 0.0, "embedding_dropout": 0.0},
+    )
     tasks = [LMTask(config, read_splits(config.data)) for _ in range(2)]
     tasks[1].model.load_state_dict(tasks[0].model.state_dict())
     tasks[0].train_loss(0)
@@ -186,7 +203,8 @@ def test_loss_by_length_bucket_and_plot(corpus, tmp_path):
     lengths = [len(line) for line in lines]
     assert sum(b["lines"] for b in buckets) == len(lines)
     assert [b["lines"] for b in buckets] == [
-        n for n in (sum(x < 20 for x in lengths), sum(20 <= x < 25 for x in lengths), sum(x >= 25 for x in lengths))
+        n
+        for n in (sum(x < 20 for x in lengths), sum(20 <= x < 25 for x in lengths), sum(x >= 25 for x in lengths))
         if n
     ]
     overall = task.evaluate("dev")
@@ -218,9 +236,13 @@ def test_missing_split_file_is_a_clear_error(corpus, tmp_path):
 
 @pytest.mark.slow
 def test_brown_char_smoke(shared_data, tmp_path):
-    config = make_config(shared_data / "lm/brown_char", tmp_path, level="char",
-                         data={"batch_size": 16, "eval_batch_size": 200, "bptt": 50},
-                         model={"encoder": "gru", "encoder_args": {"hidden_size": 64}, "tie_weights": False})
+    config = make_config(
+        shared_data / "lm/brown_char",
+        tmp_path,
+        level="char",
+        data={"batch_size": 16, "eval_batch_size": 200, "bptt": 50},
+        model={"encoder": "gru", "encoder_args": {"hidden_size": 64}, "tie_weights": False},
+    )
     torch.manual_seed(0)
     task = LMTask(config, read_splits(config.data))
     assert len(task.vocab) == 85 + 2  # the README's 85 symbols, plus <pad> and <unk>

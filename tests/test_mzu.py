@@ -260,7 +260,6 @@ def test_squash_is_finite_at_zero():
     assert torch.isfinite(capsule_routing(torch.zeros(1, 2, 3), torch.zeros(4, 3), 2, 3)).all()
 
 
-
 @pytest.mark.parametrize(("depth", "share"), [(0, False), (2, False), (1, True)])
 def test_trace_states_equal_forward(depth, share):
     torch.manual_seed(0)

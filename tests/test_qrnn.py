@@ -17,8 +17,17 @@ CONFIGS = list(itertools.product([False, True], [1, 2, 3], [False, True], [1, 2]
 @pytest.mark.parametrize(("bidirectional", "window", "dense", "num_layers", "pooling"), CONFIGS)
 def test_contract(bidirectional, window, dense, num_layers, pooling):
     torch.manual_seed(0)
-    encoder = QRNN(6, 5, num_layers=num_layers, bidirectional=bidirectional, window=window, dense=dense,
-                   pooling=pooling, zoneout=0.2, dropout=0.3)
+    encoder = QRNN(
+        6,
+        5,
+        num_layers=num_layers,
+        bidirectional=bidirectional,
+        window=window,
+        dense=dense,
+        pooling=pooling,
+        zoneout=0.2,
+        dropout=0.3,
+    )
     assert encoder.causal == encoder.stateful == (not bidirectional)
     assert_contract(encoder)
 

@@ -48,7 +48,7 @@ def _assert_matches_reference(fn, pooling, zoneout, reverse, atol=1e-5):
     ref = _values_and_grads(qrnn_pool_reference, gates, lengths, c0, kwargs, reverse)
     for name, a, b in zip(("h", "c_last", "d_gates", "d_c0"), fast, ref, strict=True):
         assert torch.allclose(a, b, atol=atol, rtol=1e-5), f"{name}: max diff {(a - b).abs().max():.3g}"
-    assert not fast[0][1, lengths[1]:].any() and not fast[0][2].any(), "outputs at pads must be zero"
+    assert not fast[0][1, lengths[1] :].any() and not fast[0][2].any(), "outputs at pads must be zero"
 
 
 @needs_compiled
@@ -146,9 +146,10 @@ def _layer_inputs(window: int, pooling: str, dtype: torch.dtype = torch.float32,
 
 
 @needs_compiled
-@pytest.mark.parametrize(("window", "pooling", "zoneout", "reverse"),
-                         [(1, "fo", "none", False), (2, "fo", "train", True), (3, "ifo", "eval", False),
-                          (2, "f", "none", False)])
+@pytest.mark.parametrize(
+    ("window", "pooling", "zoneout", "reverse"),
+    [(1, "fo", "none", False), (2, "fo", "train", True), (3, "ifo", "eval", False), (2, "f", "none", False)],
+)
 def test_compiled_layer_matches_reference(monkeypatch, window, pooling, zoneout, reverse):
     """The fused convolution + pooling == concatenated windows + F.linear + reference pooling."""
     (x_pad, weight, bias, c0), lengths = _layer_inputs(window, pooling)

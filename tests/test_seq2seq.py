@@ -106,8 +106,9 @@ def test_attention_ignores_source_padding_and_encoder_state_conditions_every_lay
     encoded = model.encode(src, src_mask)
     tgt = torch.tensor([[BOS, 4], [BOS, 5]])
     x = model.embedding(tgt)
-    _, _, alpha = model.decoder[-1](torch.randn(2, 2, 5, dtype=torch.float64), torch.tensor([2, 2]),
-                                    encoded, encoded.finals[-1])
+    _, _, alpha = model.decoder[-1](
+        torch.randn(2, 2, 5, dtype=torch.float64), torch.tensor([2, 2]), encoded, encoded.finals[-1]
+    )
     assert alpha[1, :, 2].eq(0).all() and torch.allclose(alpha.sum(-1), torch.ones(2, 2, dtype=torch.float64))
     # eq. 7: changing the encoder's final state of layer 0 changes the first decoder layer's output
     h, _, _ = model.decoder[0](x, torch.tensor([2, 2]), encoded, encoded.finals[0])
@@ -262,7 +263,9 @@ data: {{data_dir: {tmp_path}, max_chars: 300, embedding_dim: 16, beam_size: 4}}
 model: {{encoder: {kind}, encoder_args: {TOY_ENCODER_ARGS[kind]}, dropout: 0.0}}
 optim: {{optimizer: adam, lr: 0.01}}
 train: {{epochs: 8, patience: null, batch_size: 16, eval_batch_size: 32, progress: false, threads: 1}}
-""", encoding="utf-8")
+""",
+        encoding="utf-8",
+    )
     run_dir = tmp_path / "run"
     assert main(["train", str(config), "--run-dir", str(run_dir)]) == 0
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -299,5 +302,8 @@ def test_lstm_baseline_config_differs_from_the_qrnn_config_only_in_the_model():
     root = Path(__file__).resolve().parents[1] / "configs"
     qrnn, lstm = (load_config(root / f"translation_de_en_{kind}.yaml") for kind in KINDS)
     assert (lstm.model.encoder, lstm.model.encoder_args, lstm.model.dropout) == (
-        "lstm", {"hidden_size": 320, "num_layers": 4}, 0.2)
+        "lstm",
+        {"hidden_size": 320, "num_layers": 4},
+        0.2,
+    )
     assert (lstm.data, lstm.optim, lstm.train) == (qrnn.data, qrnn.optim, qrnn.train)

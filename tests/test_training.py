@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 def _config_yaml(data_dir: Path, tmp_path: Path, **extra: str) -> Path:
     text = textwrap.dedent(f"""\
         name: toy
-        output_dir: {tmp_path / 'runs'}
+        output_dir: {tmp_path / "runs"}
         data: {{name: toy, data_dir: {data_dir}, embedding_dim: 16}}
         model: {{encoder: lstm, encoder_args: {{hidden_size: 12, bidirectional: true}}, pooler: mean, dropout: 0.2}}
         optim: {{optimizer: adam, lr: 0.01}}
@@ -47,9 +47,19 @@ def test_train_evaluate_predict_cli(toy_corpus, tmp_path, capsys):
     records = _records(run_dir)
     assert [r["event"] for r in records] == ["epoch"] * 4 + ["test"]
     assert records[-1]["test_accuracy"] >= 0.8  # the toy task is learnable
-    for name in ("config.yaml", "train.log", "summary.json", "plots/loss.png", "plots/accuracy.png",
-                 "best/model.safetensors", "best/config.json", "best/vocab.json", "best/labels.json",
-                 "last/model.safetensors", "last/optimizer.safetensors"):
+    for name in (
+        "config.yaml",
+        "train.log",
+        "summary.json",
+        "plots/loss.png",
+        "plots/accuracy.png",
+        "best/model.safetensors",
+        "best/config.json",
+        "best/vocab.json",
+        "best/labels.json",
+        "last/model.safetensors",
+        "last/optimizer.safetensors",
+    ):
         assert (run_dir / name).exists(), name
     assert not list(run_dir.rglob("*.pt")) and not list(run_dir.rglob("*.pkl"))
     out = capsys.readouterr().out
@@ -76,7 +86,7 @@ def test_multi_seed_summary_reports_mean_and_std(toy_corpus, tmp_path):
     acc = summary["metrics"]["test_accuracy"]
     values = [summary["runs"][f"seed-{s}"]["test_accuracy"] for s in (1, 2)]
     assert acc["n"] == 2 and acc["mean"] == pytest.approx(sum(values) / 2)
-    assert acc["std"] == pytest.approx(abs(values[0] - values[1]) / 2 ** 0.5)
+    assert acc["std"] == pytest.approx(abs(values[0] - values[1]) / 2**0.5)
 
 
 def test_step_budget_stops_mid_epoch_after_evaluating(toy_corpus, tmp_path):
@@ -138,20 +148,24 @@ def test_resume_after_sigkill_reproduces_uninterrupted_run(toy_corpus, tmp_path)
     base = [sys.executable, "-c", _KILLER, "train", str(config), "--set", "train.threads=1"]
     # 240 examples / batch 8 = 30 batches per epoch; checkpoints every 10 steps.
     # Step 47 is mid-epoch 2, 7 steps after the last checkpoint: that work is lost and redone.
-    killed = subprocess.run([*base, "--run-dir", str(tmp_path / "killed")], env={**env, "KILL_AT": "47"},
-                            capture_output=True, text=True)
+    killed = subprocess.run(
+        [*base, "--run-dir", str(tmp_path / "killed")], env={**env, "KILL_AT": "47"}, capture_output=True, text=True
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     state = json.loads((tmp_path / "killed/last/train_state.json").read_text())["loop"]
     assert (state["epoch"], state["step_in_epoch"]) == (1, 10)
-    resumed = subprocess.run([*base, "--resume", str(tmp_path / "killed")], env={**env, "KILL_AT": "0"},
-                             capture_output=True, text=True)
+    resumed = subprocess.run(
+        [*base, "--resume", str(tmp_path / "killed")], env={**env, "KILL_AT": "0"}, capture_output=True, text=True
+    )
     assert resumed.returncode == 0, resumed.stderr
-    clean = subprocess.run([*base, "--run-dir", str(tmp_path / "clean")], env={**env, "KILL_AT": "0"},
-                           capture_output=True, text=True)
+    clean = subprocess.run(
+        [*base, "--run-dir", str(tmp_path / "clean")], env={**env, "KILL_AT": "0"}, capture_output=True, text=True
+    )
     assert clean.returncode == 0, clean.stderr
     assert _records(tmp_path / "killed") == _records(tmp_path / "clean")
     for name in ("best/model.safetensors", "last/model.safetensors"):
         from safetensors.torch import load_file
+
         a, b = load_file(tmp_path / "killed" / name), load_file(tmp_path / "clean" / name)
         assert all(torch.equal(a[k], b[k]) for k in a), name
 
@@ -207,8 +221,11 @@ def test_resume_rejects_loop_state_of_another_version(toy_corpus, tmp_path):
     doc["loop"]["loss_tokens"] = doc["loop"].pop("loss_count")  # the key's name before it was renamed
     path.write_text(json.dumps(doc))
     (tmp_path / "r/metrics.jsonl").write_text("")  # not finished, so resume trains
-    with pytest.raises(TrainingError, match=r"train_state.json: loop state from another seqzoo version "
-                                            r"\(missing \['loss_count'\], unknown \['loss_tokens'\]\)"):
+    with pytest.raises(
+        TrainingError,
+        match=r"train_state.json: loop state from another seqzoo version "
+        r"\(missing \['loss_count'\], unknown \['loss_tokens'\]\)",
+    ):
         run(config, tmp_path / "r", resume=True)
 
 

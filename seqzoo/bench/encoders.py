@@ -102,8 +102,18 @@ def _qrnn_cases(model: QRNN, x: Tensor) -> dict[str, Callable[[], float]]:
     grad_h, grad_c = torch.randn(batch, seq_len, layer.hidden_size), torch.zeros(batch, layer.hidden_size)
     # The compiled layer's fused kernel on its own buffer (turned into activations, then gradients, in
     # place; its run time does not depend on the values).
-    kernel = _Kernel(grad_gates.clone(), seq_len, bias, lengths, None, None, 1.0, layer.pooling, False,
-                     (batch, seq_len, layer.hidden_size))
+    kernel = _Kernel(
+        grad_gates.clone(),
+        seq_len,
+        bias,
+        lengths,
+        None,
+        None,
+        1.0,
+        layer.pooling,
+        False,
+        (batch, seq_len, layer.hidden_size),
+    )
 
     def gemm() -> None:
         torch.addmm(bias, inputs, weight.t())  # forward
@@ -147,7 +157,11 @@ def measure(
     rows = []
     for name in encoders:
         row = {
-            "encoder": name, "batch": batch, "seq_len": seq_len, "hidden": hidden, "threads": threads,
+            "encoder": name,
+            "batch": batch,
+            "seq_len": seq_len,
+            "hidden": hidden,
+            "threads": threads,
             "fwd_tokens_per_s": round(tokens / seconds(name, "fwd"), 1),
             "fwd_bwd_tokens_per_s": round(tokens / seconds(name, "fwd_bwd"), 1),
         }

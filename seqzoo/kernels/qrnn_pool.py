@@ -127,17 +127,27 @@ class _Kernel:
     shape: tuple[int, int, int]  # batch, time, hidden
 
     def _args(self) -> tuple:
-        return (_DTYPE_CODE[self.gates.dtype], _ptr(self.gates), self.gate_time, _ptr(self.bias), _ptr(self.lengths),
-                _ptr(self.c0), _ptr(self.keep), self.keep_prob, *self.shape, _POOL_CODE[self.pooling],
-                int(self.reverse))
+        return (
+            _DTYPE_CODE[self.gates.dtype],
+            _ptr(self.gates),
+            self.gate_time,
+            _ptr(self.bias),
+            _ptr(self.lengths),
+            _ptr(self.c0),
+            _ptr(self.keep),
+            self.keep_prob,
+            *self.shape,
+            _POOL_CODE[self.pooling],
+            int(self.reverse),
+        )
 
     def forward(self, training: bool) -> tuple[Tensor, Tensor]:
         """h (B, T, H) and c_last (B, H); ``training`` leaves the activations in the gates for the backward."""
         batch, time, hidden = self.shape
         h = self.gates.new_empty(batch, time, hidden)
         c_last = self.gates.new_empty(batch, hidden)
-        if _compiled_library().qrnn_pool_forward(*self._args(), int(training), _ptr(h), _ptr(c_last),
-                                                 torch.get_num_threads()) != 0:
+        lib = _compiled_library()
+        if lib.qrnn_pool_forward(*self._args(), int(training), _ptr(h), _ptr(c_last), torch.get_num_threads()) != 0:
             raise RuntimeError("qrnn_pool_forward: could not start worker threads")
         return h, c_last
 
@@ -315,8 +325,10 @@ def qrnn_layer(
     batch, padded_time, n = x_pad.shape
     window = weight.shape[1] // n
     if weight.shape[0] % POOLINGS[pooling] or weight.shape[1] != window * n or window > padded_time:
-        raise ValueError(f"{pooling}-pooling on inputs of size {n} needs weight ({POOLINGS[pooling]}*H, k*{n}) with "
-                         f"k <= {padded_time}, got {tuple(weight.shape)}")
+        raise ValueError(
+            f"{pooling}-pooling on inputs of size {n} needs weight ({POOLINGS[pooling]}*H, k*{n}) with "
+            f"k <= {padded_time}, got {tuple(weight.shape)}"
+        )
     time = padded_time - window + 1
     kwargs = {"pooling": pooling, "keep": keep, "keep_prob": keep_prob, "reverse": reverse}
     if pool_backend(x_pad.device, x_pad.dtype) != "compiled":

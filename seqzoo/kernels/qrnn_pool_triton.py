@@ -39,9 +39,25 @@ if triton is not None:
         return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
 
     @triton.jit
-    def _forward_kernel(gates, lengths, c0, keep, h, c_all, c_last, keep_prob, T, H,
-                        POOLING: tl.constexpr, G: tl.constexpr, REVERSE: tl.constexpr, HAS_C0: tl.constexpr,
-                        HAS_KEEP: tl.constexpr, SAVE_C: tl.constexpr, BLOCK: tl.constexpr):
+    def _forward_kernel(
+        gates,
+        lengths,
+        c0,
+        keep,
+        h,
+        c_all,
+        c_last,
+        keep_prob,
+        T,
+        H,
+        POOLING: tl.constexpr,
+        G: tl.constexpr,
+        REVERSE: tl.constexpr,
+        HAS_C0: tl.constexpr,
+        HAS_KEEP: tl.constexpr,
+        SAVE_C: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
         b = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         valid = cols < H
@@ -72,9 +88,26 @@ if triton is not None:
         tl.store(c_last + b * H + cols, c, mask=valid)
 
     @triton.jit
-    def _backward_kernel(gates, lengths, c0, keep, c_all, dh, dc_last, dgates, dc0, keep_prob, T, H,
-                         POOLING: tl.constexpr, G: tl.constexpr, REVERSE: tl.constexpr, HAS_C0: tl.constexpr,
-                         HAS_KEEP: tl.constexpr, BLOCK: tl.constexpr):
+    def _backward_kernel(
+        gates,
+        lengths,
+        c0,
+        keep,
+        c_all,
+        dh,
+        dc_last,
+        dgates,
+        dc0,
+        keep_prob,
+        T,
+        H,
+        POOLING: tl.constexpr,
+        G: tl.constexpr,
+        REVERSE: tl.constexpr,
+        HAS_C0: tl.constexpr,
+        HAS_KEEP: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
         b = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         valid = cols < H
@@ -132,9 +165,23 @@ class _TritonPool(torch.autograd.Function):
         c_all = gates.new_empty(batch, time, hidden) if ctx.needs_input_grad[0] or ctx.needs_input_grad[2] else h
         grid = (batch, triton.cdiv(hidden, _BLOCK))
         _forward_kernel[grid](
-            gates, lengths, c0 if c0 is not None else gates, keep if keep is not None else gates, h, c_all, c_last,
-            keep_prob, time, hidden, POOLING=_POOL_CODE[pooling], G=groups, REVERSE=reverse,
-            HAS_C0=c0 is not None, HAS_KEEP=keep is not None, SAVE_C=c_all is not h, BLOCK=_BLOCK,
+            gates,
+            lengths,
+            c0 if c0 is not None else gates,
+            keep if keep is not None else gates,
+            h,
+            c_all,
+            c_last,
+            keep_prob,
+            time,
+            hidden,
+            POOLING=_POOL_CODE[pooling],
+            G=groups,
+            REVERSE=reverse,
+            HAS_C0=c0 is not None,
+            HAS_KEEP=keep is not None,
+            SAVE_C=c_all is not h,
+            BLOCK=_BLOCK,
         )
         ctx.config = (keep_prob, pooling, reverse)
         ctx.save_for_backward(gates, lengths, c0, keep, c_all)
@@ -149,10 +196,24 @@ class _TritonPool(torch.autograd.Function):
         dc0 = torch.empty_like(dc_last, dtype=gates.dtype)
         grid = (batch, triton.cdiv(hidden, _BLOCK))
         _backward_kernel[grid](
-            gates, lengths, c0 if c0 is not None else gates, keep if keep is not None else gates, c_all,
-            dh.contiguous(), dc_last.contiguous(), dgates, dc0, keep_prob, time, hidden,
-            POOLING=_POOL_CODE[pooling], G=groups, REVERSE=reverse, HAS_C0=c0 is not None,
-            HAS_KEEP=keep is not None, BLOCK=_BLOCK,
+            gates,
+            lengths,
+            c0 if c0 is not None else gates,
+            keep if keep is not None else gates,
+            c_all,
+            dh.contiguous(),
+            dc_last.contiguous(),
+            dgates,
+            dc0,
+            keep_prob,
+            time,
+            hidden,
+            POOLING=_POOL_CODE[pooling],
+            G=groups,
+            REVERSE=reverse,
+            HAS_C0=c0 is not None,
+            HAS_KEEP=keep is not None,
+            BLOCK=_BLOCK,
         )
         return dgates, None, dc0 if ctx.needs_input_grad[2] else None, None, None, None, None
 

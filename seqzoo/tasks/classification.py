@@ -30,8 +30,9 @@ __all__ = ["ClassificationTask", "TextClassifier", "build_tasks", "load_data", "
 class TextClassifier(nn.Module):
     """Embedding (B, T) -> encoder (B, T, H) -> pooler (B, P) -> MLP -> logits (B, C)."""
 
-    def __init__(self, vocab_size: int, embedding_dim: int, num_classes: int, cfg: ModelConfig,
-                 freeze_embeddings: bool = False) -> None:
+    def __init__(
+        self, vocab_size: int, embedding_dim: int, num_classes: int, cfg: ModelConfig, freeze_embeddings: bool = False
+    ) -> None:
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, embedding_dim, padding_idx=0)
         self.embedding.weight.requires_grad_(not freeze_embeddings)
@@ -73,9 +74,15 @@ class ClassificationTask:
     metric = "accuracy"
     higher_is_better = True
 
-    def __init__(self, config: RunConfig, splits: dict[str, list[LabeledText]],
-                 vocab: Vocab | None = None, labels: LabelSet | None = None,
-                 tokenizer: Tokenizer | None = None, embedding_dim: int | None = None) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        splits: dict[str, list[LabeledText]],
+        vocab: Vocab | None = None,
+        labels: LabelSet | None = None,
+        tokenizer: Tokenizer | None = None,
+        embedding_dim: int | None = None,
+    ) -> None:
         self.config = config
         data: ClassificationDataConfig = config.data
         self.tokenizer = tokenizer or Tokenizer(lowercase=data.lowercase, split_hyphens=data.split_hyphens)
@@ -133,13 +140,20 @@ class ClassificationTask:
             probs = torch.softmax(self.model(batch, mask), dim=-1)
             for row in probs.tolist():
                 best = max(range(len(row)), key=row.__getitem__)
-                results.append({"label": self.labels.decode(best),
-                                "probabilities": {self.labels.decode(i): p for i, p in enumerate(row)}})
+                results.append(
+                    {
+                        "label": self.labels.decode(best),
+                        "probabilities": {self.labels.decode(i): p for i, p in enumerate(row)},
+                    }
+                )
         return results
 
     def documents(self) -> dict[str, Any]:
-        return {"vocab.json": self.vocab.to_dict(), "labels.json": self.labels.to_dict(),
-                "tokenizer.json": self.tokenizer.to_dict()}
+        return {
+            "vocab.json": self.vocab.to_dict(),
+            "labels.json": self.labels.to_dict(),
+            "tokenizer.json": self.tokenizer.to_dict(),
+        }
 
 
 def build_tasks(config: RunConfig) -> list[tuple[str, ClassificationTask]]:
@@ -168,7 +182,9 @@ def load_trained(config: RunConfig, best: Path, with_data: bool = True) -> Class
         splits = {name: split for name, split in loaded.items() if split is not None}
     weights = load_tensors(best / "model.safetensors")
     task = ClassificationTask(
-        config, splits, vocab=Vocab.from_dict(read_json(best / "vocab.json")),
+        config,
+        splits,
+        vocab=Vocab.from_dict(read_json(best / "vocab.json")),
         labels=LabelSet.from_dict(read_json(best / "labels.json")),
         tokenizer=Tokenizer.from_dict(read_json(best / "tokenizer.json")),
         embedding_dim=weights["embedding.weight"].shape[1],  # the vectors' size, not data.embedding_dim

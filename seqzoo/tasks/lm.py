@@ -99,8 +99,10 @@ def read_splits(cfg: LMDataConfig) -> dict[str, list[str]]:
     """The token streams of train, dev (``valid.txt``) and test, at ``cfg.level``."""
     if not cfg.data_dir:
         raise DataError("data.data_dir is not set: a language model needs {train,valid,test}.txt[.gz]")
-    return {split: read_lm_tokens(require_file(cfg.data_dir, f"{stem}.txt"), cfg.level)
-            for split, stem in SPLIT_FILES.items()}
+    return {
+        split: read_lm_tokens(require_file(cfg.data_dir, f"{stem}.txt"), cfg.level)
+        for split, stem in SPLIT_FILES.items()
+    }
 
 
 class LMTask:
@@ -254,11 +256,16 @@ def loss_by_length_bucket(task: LMTask, split: str, boundaries: Sequence[int]) -
         if tokens == 0:
             continue
         loss = float(line_nll[members].sum()) / tokens
-        results.append({
-            "min_length": int(edges[k - 1]) if k > 0 else 0,
-            "max_length": int(edges[k]) if k < len(edges) else None,
-            "lines": int(members.sum()), "tokens": tokens, "loss": loss, task.metric: task.metric_from_loss(loss),
-        })
+        results.append(
+            {
+                "min_length": int(edges[k - 1]) if k > 0 else 0,
+                "max_length": int(edges[k]) if k < len(edges) else None,
+                "lines": int(members.sum()),
+                "tokens": tokens,
+                "loss": loss,
+                task.metric: task.metric_from_loss(loss),
+            }
+        )
     return results
 
 
@@ -267,8 +274,10 @@ def plot_length_buckets(series: Mapping[str, Sequence[dict[str, Any]]], path: st
     fig = Figure(figsize=(6, 3.5))
     ax = fig.subplots()
     for label, buckets in series.items():
-        names = [f"{b['min_length']}-{b['max_length'] - 1}" if b["max_length"] is not None else f"{b['min_length']}+"
-                 for b in buckets]
+        names = [
+            f"{b['min_length']}-{b['max_length'] - 1}" if b["max_length"] is not None else f"{b['min_length']}+"
+            for b in buckets
+        ]
         ax.plot(names, [b[metric] for b in buckets], "o-", label=label)
     ax.set(xlabel="sequence length", ylabel=metric, title=f"{metric.upper()} by sequence length")
     ax.grid(alpha=0.3)

@@ -49,8 +49,12 @@ def read_splits(cfg: TranslationDataConfig) -> dict[str, list[tuple[str, str]]]:
     pairs = {split: read_parallel(*find_parallel(cfg.data_dir, split, cfg.source, cfg.target)) for split in SPLITS}
     if cfg.max_chars:
         kept = [p for p in pairs["train"] if max(map(len, p)) <= cfg.max_chars]
-        log.info("train: %d pairs, %d longer than %d characters dropped",
-                 len(kept), len(pairs["train"]) - len(kept), cfg.max_chars)
+        log.info(
+            "train: %d pairs, %d longer than %d characters dropped",
+            len(kept),
+            len(pairs["train"]) - len(kept),
+            cfg.max_chars,
+        )
         pairs["train"] = kept
     return pairs
 
@@ -62,8 +66,10 @@ def corpus_scores(hypotheses: list[str], references: list[str]) -> dict[str, flo
     except ImportError:
         raise ImportError("BLEU needs sacrebleu: pip install 'seqzoo[bleu]'") from None
     bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
-    scores = {"bleu": bleu.corpus_score(hypotheses, [references]).score,
-              "chrf": chrf.corpus_score(hypotheses, [references]).score}
+    scores = {
+        "bleu": bleu.corpus_score(hypotheses, [references]).score,
+        "chrf": chrf.corpus_score(hypotheses, [references]).score,
+    }
     log.info("sacrebleu %s | %s", bleu.get_signature(), chrf.get_signature())
     return scores
 
@@ -85,8 +91,14 @@ class TranslationTask:
         self.bos_id, self.eos_id = self.vocab.token_to_id(BOS), self.vocab.token_to_id(EOS)
         self.pairs = pairs
         self.ids = {split: [(self.vocab.encode(s), self.vocab.encode(t)) for s, t in p] for split, p in pairs.items()}
-        self.model = build_seq2seq(config.model.encoder, len(self.vocab), data.embedding_dim,
-                                   dropout=config.model.dropout, pad_id=self.vocab.pad_id, **config.model.encoder_args)
+        self.model = build_seq2seq(
+            config.model.encoder,
+            len(self.vocab),
+            data.embedding_dim,
+            dropout=config.model.dropout,
+            pad_id=self.vocab.pad_id,
+            **config.model.encoder_args,
+        )
 
     def _batch(self, split: str, indices: list[int]) -> tuple[Tensor, ...]:
         """src, src_mask, decoder input (``<bos>`` + target), its mask, output (target + ``<eos>``)."""
@@ -136,8 +148,15 @@ class TranslationTask:
         out: list[str] = [""] * len(texts)
         for indices in bucket_batches([len(s) for s in ids], self.config.train.eval_batch_size, shuffle=False):
             src, src_mask = pad_batch([ids[i] for i in indices])
-            best = beam_search(self.model, src, src_mask, self.bos_id, self.eos_id,
-                               beam_size or data.beam_size, data.length_alpha if alpha is None else alpha)
+            best = beam_search(
+                self.model,
+                src,
+                src_mask,
+                self.bos_id,
+                self.eos_id,
+                beam_size or data.beam_size,
+                data.length_alpha if alpha is None else alpha,
+            )
             for i, hypothesis in zip(indices, best, strict=True):
                 out[i] = "".join(self.vocab.decode(hypothesis))
         return out
