@@ -148,7 +148,13 @@ def _layer_inputs(window: int, pooling: str, dtype: torch.dtype = torch.float32,
 @needs_compiled
 @pytest.mark.parametrize(
     ("window", "pooling", "zoneout", "reverse"),
-    [(1, "fo", "none", False), (2, "fo", "train", True), (3, "ifo", "eval", False), (2, "f", "none", False)],
+    [
+        (1, "fo", "none", False),
+        (2, "fo", "train", True),
+        (2, "ifo", "train", False),
+        (3, "ifo", "eval", False),
+        (2, "f", "none", False),
+    ],
 )
 def test_compiled_layer_matches_reference(monkeypatch, window, pooling, zoneout, reverse):
     """The fused convolution + pooling == concatenated windows + F.linear + reference pooling."""
