@@ -14,8 +14,8 @@ def _rows(capsys) -> list[dict]:
     return [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
 
 
-@pytest.mark.parametrize("window", [1, 2])
-def test_bench_encoders_reports_rates_bound_and_pooling_share(capsys, window):
+@pytest.mark.parametrize(("window", "pooling"), [(1, "fo"), (2, "fo"), (2, "ifo"), (1, "f")])
+def test_bench_encoders_reports_rates_bound_and_pooling_share(capsys, window, pooling):
     args = [
         "bench",
         "encoders",
@@ -32,6 +32,8 @@ def test_bench_encoders_reports_rates_bound_and_pooling_share(capsys, window):
         "1",
         "--qrnn-window",
         str(window),
+        "--qrnn-pooling",
+        pooling,
     ]
     assert main(args) == 0
     rows = _rows(capsys)
@@ -42,7 +44,7 @@ def test_bench_encoders_reports_rates_bound_and_pooling_share(capsys, window):
         assert row["hidden"] == 8 and row["threads"] == 1
         assert row["fwd_tokens_per_s"] > 0 and row["fwd_bwd_tokens_per_s"] > 0
     for row in (r for r in rows if r["encoder"] == "qrnn"):
-        assert row["window"] == window and row["pooling"] == "fo"
+        assert row["window"] == window and row["pooling"] == pooling
         assert row["gemm_bound_fwd_bwd_tokens_per_s"] > 0 and 0.0 <= row["pooling_share"] <= 1.0
 
 

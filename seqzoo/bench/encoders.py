@@ -5,11 +5,11 @@ For each shape BxTxH (batch, sequence length, hidden = input size) every encoder
 Measurements are interleaved round-robin across encoders, so load from other processes hits
 all of them alike; each figure is the median over ``--repeats`` after warm-up.
 
-QRNN rows (fo-pooling, window ``--qrnn-window``) also report ``gemm_bound_fwd_bwd_tokens_per_s``,
-the same projection's forward and backward matmuls alone (Y = XW^T + b, dX = dY W, dW^T = X^T dY)
-timed in the same run, and (compiled backend) ``pooling_share``, the fraction of the layer's
-fwd+bwd time spent in its fused activations, zoneout and pooling kernel. ``sru`` (PyPI ``sru``) is
-measured when installed.
+QRNN rows (pooling ``--qrnn-pooling``, fo by default; window ``--qrnn-window``) also report
+``gemm_bound_fwd_bwd_tokens_per_s``, the same projection's forward and backward matmuls alone
+(Y = XW^T + b, dX = dY W, dW^T = X^T dY) timed in the same run, and (compiled backend)
+``pooling_share``, the fraction of the layer's fwd+bwd time spent in its fused activations,
+zoneout and pooling kernel. ``sru`` (PyPI ``sru``) is measured when installed.
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ def _parse_shape(text: str) -> tuple[int, int, int]:
     return batch, seq_len, hidden
 
 
-def _build(name: str, hidden: int, window: int) -> nn.Module:
+def _build(name: str, hidden: int, window: int, pooling: str) -> nn.Module:
     if name == "qrnn":
-        return QRNN(hidden, hidden, window=window, pooling="fo")
+        return QRNN(hidden, hidden, window=window, pooling=pooling)
     if name == "sru":
         import sru
 
@@ -129,7 +129,13 @@ def _qrnn_cases(model: QRNN, x: Tensor) -> dict[str, Callable[[], float]]:
 
 
 def measure(
-    encoders: list[str], shape: tuple[int, int, int], repeats: int, warmup: int, window: int, threads: int
+    encoders: list[str],
+    shape: tuple[int, int, int],
+    repeats: int,
+    warmup: int,
+    window: int,
+    threads: int,
+    pooling: str = "fo",
 ) -> list[dict]:
     """One result row per encoder for one shape (see the module docstring)."""
     batch, seq_len, hidden = shape
@@ -137,7 +143,7 @@ def measure(
     x = torch.randn(batch, seq_len, hidden)
     cases: dict[tuple[str, str], Callable[[], float]] = {}
     for name in encoders:
-        model = _build(name, hidden, window)
+        model = _build(name, hidden, window, pooling)
         for kind, run in _encoder_cases(model, x).items():
             cases[name, kind] = run
         if name == "qrnn":
@@ -168,7 +174,7 @@ def measure(
         if name == "qrnn":
             row.update(
                 window=window,
-                pooling="fo",
+                pooling=pooling,
                 backend=pool_backend("cpu"),
                 gemm_bound_fwd_bwd_tokens_per_s=round(tokens / seconds(name, "gemm"), 1),
             )
@@ -205,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma-separated BxTxH (input size = H)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
     parser.add_argument("--qrnn-window", type=int, default=1, help="QRNN filter width k (default 1)")
+    parser.add_argument("--qrnn-pooling", choices=("f", "fo", "ifo"), default="fo", help="QRNN pooling (default fo)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (median reported)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed runs first")
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
@@ -220,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     rows = []
     for shape in shapes:
-        for row in measure(encoders, shape, args.repeats, args.warmup, args.qrnn_window, args.threads):
+        for row in measure(
+            encoders, shape, args.repeats, args.warmup, args.qrnn_window, args.threads, args.qrnn_pooling
+        ):
             rows.append(row)
             if args.json:
                 print(json.dumps(row), flush=True)
