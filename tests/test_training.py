@@ -87,6 +87,9 @@ def test_multi_seed_summary_reports_mean_and_std(toy_corpus, tmp_path):
     values = [summary["runs"][f"seed-{s}"]["test_accuracy"] for s in (1, 2)]
     assert acc["n"] == 2 and acc["mean"] == pytest.approx(sum(values) / 2)
     assert acc["std"] == pytest.approx(abs(values[0] - values[1]) / 2**0.5)
+    # A seed of a multi-seed run is the run that seed gives alone, so both kinds of rows can be pooled.
+    run(load_config(_config_yaml(toy_corpus, tmp_path), ["train.seed=2", "train.epochs=1"]), tmp_path / "alone")
+    assert _records(tmp_path / "seeds/seed-2") == _records(tmp_path / "alone")
 
 
 def test_step_budget_stops_mid_epoch_after_evaluating(toy_corpus, tmp_path):
