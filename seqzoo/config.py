@@ -136,6 +136,7 @@ class TrainConfig:
     checkpoint_every: int = 200  # steps between resumable checkpoints (and at every epoch end)
     threads: int | None = None  # torch.set_num_threads
     progress: bool | None = None  # None = only on a terminal
+    log_every: int | None = 100  # without a progress bar: a log line every this many steps (None = off)
 
 
 @dataclass

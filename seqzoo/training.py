@@ -261,6 +261,8 @@ class Trainer:
             if bar.n % 10 == 0 or index + 1 == len(batches):
                 rate = tokens_seen / max(time.perf_counter() - start, 1e-9)
                 bar.set_postfix(loss=f"{state['loss_sum'] / max(state['loss_count'], 1):.4f}", tok_s=f"{rate:,.0f}")
+            if not show and cfg.train.log_every and (index + 1) % cfg.train.log_every == 0:
+                self._log_progress(epoch, index + 1, len(batches), time.perf_counter() - start, tokens_seen)
             if cfg.train.checkpoint_every and state["global_step"] % cfg.train.checkpoint_every == 0:
                 self._save_last()
             if _budget_spent(state, cfg):
@@ -268,6 +270,19 @@ class Trainer:
         bar.close()
         seconds = time.perf_counter() - start
         self._end_epoch(epoch, seconds, tokens_seen)
+
+    def _log_progress(self, epoch: int, step: int, steps: int, seconds: float, tokens: int) -> None:
+        """One line per ``train.log_every`` steps where no progress bar is shown (logs, batch jobs)."""
+        state = self.state
+        log.info(
+            "epoch %d, step %d/%d: train loss %.4f, %.0f tokens/s, %.1f min",
+            epoch + 1,
+            step,
+            steps,
+            state["loss_sum"] / max(state["loss_count"], 1),
+            tokens / max(seconds, 1e-9),
+            seconds / 60,
+        )
 
     def _end_epoch(self, epoch: int, seconds: float, tokens: int) -> None:
         cfg, task, state = self.config, self.task, self.state

@@ -101,6 +101,26 @@ def test_step_budget_stops_mid_epoch_after_evaluating(toy_corpus, tmp_path):
     assert state["global_step"] == 45
 
 
+def test_without_a_progress_bar_the_log_reports_every_log_every_steps(toy_corpus, tmp_path):
+    def progress_lines(run_dir: Path) -> list[str]:
+        lines = (run_dir / "train.log").read_text().splitlines()
+        return [line.split(" ", 2)[2] for line in lines if ", step " in line]  # drop the timestamp
+
+    config = load_config(_config_yaml(toy_corpus, tmp_path), ["train.epochs=2", "train.log_every=12"])
+    run(config, tmp_path / "logged")
+    lines = progress_lines(tmp_path / "logged")  # 30 steps per epoch: steps 12 and 24 of each
+    assert [line.split(":")[0] for line in lines] == [
+        "epoch 1, step 12/30",
+        "epoch 1, step 24/30",
+        "epoch 2, step 12/30",
+        "epoch 2, step 24/30",
+    ]
+    assert all("train loss" in line and "tokens/s" in line for line in lines)
+    config = load_config(_config_yaml(toy_corpus, tmp_path), ["train.epochs=1", "train.log_every=null"])
+    run(config, tmp_path / "quiet")
+    assert progress_lines(tmp_path / "quiet") == []
+
+
 def test_kfold_when_no_test_split(toy_corpus, tmp_path):
     (toy_corpus / "toy.test").unlink()
     config = load_config(_config_yaml(toy_corpus, tmp_path), ["train.epochs=1", "data.folds=3"])
