@@ -260,7 +260,7 @@ class Trainer:
             bar.update(1)
             if bar.n % 10 == 0 or index + 1 == len(batches):
                 rate = tokens_seen / max(time.perf_counter() - start, 1e-9)
-                bar.set_postfix(loss=f"{state['loss_sum'] / max(state['loss_count'], 1):.4f}", tok_s=f"{rate:,.0f}")
+                bar.set_postfix(loss=f"{self._epoch_loss():.4f}", tok_s=f"{rate:,.0f}")
             if not show and cfg.train.log_every and (index + 1) % cfg.train.log_every == 0:
                 self._log_progress(epoch, index + 1, len(batches), time.perf_counter() - start, tokens_seen)
             if cfg.train.checkpoint_every and state["global_step"] % cfg.train.checkpoint_every == 0:
@@ -271,15 +271,18 @@ class Trainer:
         seconds = time.perf_counter() - start
         self._end_epoch(epoch, seconds, tokens_seen)
 
+    def _epoch_loss(self) -> float:
+        """The mean training loss of the epoch so far."""
+        return self.state["loss_sum"] / max(self.state["loss_count"], 1)
+
     def _log_progress(self, epoch: int, step: int, steps: int, seconds: float, tokens: int) -> None:
         """One line per ``train.log_every`` steps where no progress bar is shown (logs, batch jobs)."""
-        state = self.state
         log.info(
             "epoch %d, step %d/%d: train loss %.4f, %.0f tokens/s, %.1f min",
             epoch + 1,
             step,
             steps,
-            state["loss_sum"] / max(state["loss_count"], 1),
+            self._epoch_loss(),
             tokens / max(seconds, 1e-9),
             seconds / 60,
         )
@@ -294,7 +297,7 @@ class Trainer:
             "event": "epoch",
             "epoch": epoch + 1,
             "lr": state["lr"],
-            "train_loss": state["loss_sum"] / max(state["loss_count"], 1),
+            "train_loss": self._epoch_loss(),
             **{f"dev_{k}": v for k, v in dev.items()},
             "seconds": round(seconds, 3),
             "tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
