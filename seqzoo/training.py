@@ -40,7 +40,16 @@ from seqzoo.config import OptimConfig, RunConfig, TrainConfig, config_to_dict
 from seqzoo.data.io import atomic_write_text
 from seqzoo.plots import plot_curves
 
-__all__ = ["StepLoss", "Task", "Trainer", "TrainingError", "build_optimizer", "set_seed", "trains_further"]
+__all__ = [
+    "StepLoss",
+    "Task",
+    "Trainer",
+    "TrainingError",
+    "build_optimizer",
+    "scheduled_lr",
+    "set_seed",
+    "trains_further",
+]
 
 log = logging.getLogger("seqzoo")
 
@@ -104,6 +113,22 @@ def build_optimizer(params: Sequence[nn.Parameter], cfg: OptimConfig) -> torch.o
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     return torch.optim.Adagrad(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay)
+
+
+def scheduled_lr(cfg: OptimConfig, lr: float, step: int, total_steps: int) -> float:
+    """The learning rate of optimiser step ``step`` (0-based) of a run of ``total_steps`` steps.
+
+    ``lr`` is the epoch schedule's rate (``cfg.lr`` itself for "constant", "linear" and "cosine").
+    The step schedules decay it from the end of the warm-up to ``cfg.min_lr`` at ``total_steps``;
+    then the first ``cfg.warmup_steps`` steps scale it by (step + 1) / warmup_steps.
+    """
+    if cfg.schedule in ("linear", "cosine"):
+        progress = min(max(step - cfg.warmup_steps, 0) / max(total_steps - cfg.warmup_steps, 1), 1.0)
+        shape = 1.0 - progress if cfg.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+        lr = cfg.min_lr + (lr - cfg.min_lr) * shape
+    if step < cfg.warmup_steps:
+        lr *= (step + 1) / cfg.warmup_steps
+    return lr
 
 
 def update(model: nn.Module, optimizer: torch.optim.Optimizer, loss: Tensor, clip_norm: float | None) -> float | None:
@@ -242,6 +267,7 @@ class Trainer:
         )
         task.model.train()
         start, tokens_seen = time.perf_counter(), 0
+        total_steps = _total_steps(cfg.train, len(batches))
         for index in range(state["step_in_epoch"], len(batches)):
             loss, tokens, count = task.train_loss(batches[index])
             if not torch.isfinite(loss):
@@ -251,6 +277,9 @@ class Trainer:
                     f"stopping. The last good checkpoint is kept in {self.run_dir / 'last'} "
                     f"(best model in {self.run_dir / 'best'}). Try a lower learning rate or gradient clipping."
                 )
+            lr = scheduled_lr(cfg.optim, state["lr"], state["global_step"], total_steps)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
             update(task.model, self.optimizer, loss, cfg.optim.clip_norm)
             state["loss_sum"] += loss.item() * count
             state["loss_count"] += count
@@ -296,7 +325,7 @@ class Trainer:
         record = {
             "event": "epoch",
             "epoch": epoch + 1,
-            "lr": state["lr"],
+            "lr": self.optimizer.param_groups[0]["lr"],  # the epoch's last step's
             "train_loss": self._epoch_loss(),
             **{f"dev_{k}": v for k, v in dev.items()},
             "seconds": round(seconds, 3),
@@ -358,6 +387,12 @@ def trains_further(run_dir: str | Path, config: RunConfig) -> bool:
     neither stopped by ``config`` (early stopping, step budget) nor past ``config.train.epochs``."""
     path = resolve_checkpoint(Path(run_dir) / "last")
     return path is not None and _epochs_left(_read_train_state(path)["loop"], config)
+
+
+def _total_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
+    """The run's length in optimiser steps: its epochs, or the step budget when that is shorter."""
+    total = cfg.epochs * steps_per_epoch
+    return min(total, cfg.max_steps) if cfg.max_steps is not None else total
 
 
 def _patience_spent(loop: dict[str, Any], config: RunConfig) -> bool:

@@ -1,6 +1,8 @@
 """End-to-end training: the recipe, run directory, NaN handling and exact resume after SIGKILL."""
 
+import itertools
 import json
+import math
 import os
 import signal
 import subprocess
@@ -165,10 +167,12 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_resume_after_sigkill_reproduces_uninterrupted_run(toy_corpus, tmp_path):
+@pytest.mark.parametrize("schedule", ["constant", "linear"])
+def test_resume_after_sigkill_reproduces_uninterrupted_run(toy_corpus, tmp_path, schedule):
     config = _config_yaml(toy_corpus, tmp_path)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     base = [sys.executable, "-c", _KILLER, "train", str(config), "--set", "train.threads=1"]
+    base += ["--set", f"optim.schedule={schedule}", "--set", "optim.warmup_steps=15"]
     # 240 examples / batch 8 = 30 batches per epoch; checkpoints every 10 steps.
     # Step 47 is mid-epoch 2, 7 steps after the last checkpoint: that work is lost and redone.
     killed = subprocess.run(
@@ -280,3 +284,52 @@ def test_update_returns_the_gradient_norm_before_clipping():
     expected = torch.cat([p.grad.flatten() for p in model.parameters()]).norm()
     assert norm == pytest.approx(expected.item(), rel=1e-5) and norm > 1.0
     assert update(model, optimizer, model(x).sum(), clip_norm=None) is None
+
+
+def test_scheduled_lr_warms_up_then_decays_to_min_lr():
+    from seqzoo.config import OptimConfig
+    from seqzoo.training import scheduled_lr
+
+    def lrs(total: int = 14, **kwargs) -> list[float]:
+        cfg = OptimConfig(lr=1.0, **kwargs)
+        return [scheduled_lr(cfg, cfg.lr, step, total) for step in range(total)]
+
+    # Warm-up over 4 steps, then linear decay over the other 10 towards min_lr (reached at step 14).
+    linear = lrs(schedule="linear", warmup_steps=4, min_lr=0.1)
+    assert linear[:5] == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0])
+    assert linear[4:] == pytest.approx([0.1 + 0.9 * (10 - k) / 10 for k in range(10)])
+    cosine = lrs(schedule="cosine")
+    assert cosine == pytest.approx([0.5 * (1 + math.cos(math.pi * k / 14)) for k in range(14)])
+    assert cosine[7] == pytest.approx(0.5) and all(a > b for a, b in itertools.pairwise(cosine))
+    # Epoch schedules keep the epoch's rate at every step; the warm-up applies to them too.
+    assert lrs(schedule="plateau") == [1.0] * 14
+    assert lrs(schedule="exponential", warmup_steps=2)[:3] == [0.5, 1.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "total"),
+    [
+        (["optim.schedule=linear", "optim.warmup_steps=5"], 60),  # 2 epochs of 30 steps
+        (["optim.schedule=cosine", "train.max_steps=45"], 45),  # the step budget ends the run first
+        (["optim.schedule=exponential", "optim.warmup_steps=5"], 60),
+    ],
+)
+def test_trainer_sets_the_scheduled_lr_at_every_step(toy_corpus, tmp_path, monkeypatch, overrides, total):
+    from seqzoo import training
+
+    used, original = [], training.update
+    monkeypatch.setattr(
+        training, "update", lambda model, opt, *a: used.append(opt.param_groups[0]["lr"]) or original(model, opt, *a)
+    )
+    config = load_config(_config_yaml(toy_corpus, tmp_path), ["train.epochs=2", *overrides])
+    run(config, tmp_path / "scheduled")
+    cfg = config.optim
+    epoch_lr = [cfg.lr * (cfg.decay if cfg.schedule == "exponential" and step >= 30 else 1) for step in range(total)]
+    assert used == pytest.approx([training.scheduled_lr(cfg, epoch_lr[s], s, total) for s in range(total)])
+    if cfg.schedule == "exponential":
+        assert used[-1] == pytest.approx(cfg.lr * cfg.decay)
+    else:  # the step schedules end near min_lr (0)
+        assert used[-1] < 0.05 * cfg.lr
+    assert used[0] == pytest.approx(cfg.lr / cfg.warmup_steps if cfg.warmup_steps else cfg.lr)
+    epochs = [r for r in _records(tmp_path / "scheduled") if r["event"] == "epoch"]
+    assert [r["lr"] for r in epochs] == pytest.approx([used[29], used[-1]])
