@@ -179,11 +179,6 @@ class Trainer:
             handle.flush()
         self.state["metrics_bytes"] = self.metrics_path.stat().st_size
 
-    def _set_lr(self, lr: float) -> None:
-        self.state["lr"] = lr
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-
     def _save_last(self) -> None:
         optim_skeleton, optim_tensors = split_tensors(self.optimizer.state_dict())
         extra_skeleton, extra_tensors = split_tensors(getattr(self.task, "extra_state", dict)())
@@ -222,7 +217,6 @@ class Trainer:
         torch.set_rng_state(load_tensors(path / "rng.safetensors")["torch"])
         random.setstate(_tuples(doc["python_rng"]))
         self.state = doc["loop"]
-        self._set_lr(self.state["lr"])
         # Drop metric records written after this checkpoint (the run died before saving again).
         if self.metrics_path.exists():
             with open(self.metrics_path, "r+b") as handle:
@@ -278,7 +272,7 @@ class Trainer:
                     f"(best model in {self.run_dir / 'best'}). Try a lower learning rate or gradient clipping."
                 )
             lr = scheduled_lr(cfg.optim, state["lr"], state["global_step"], total_steps)
-            for group in self.optimizer.param_groups:
+            for group in self.optimizer.param_groups:  # the one place the optimiser's rate is set
                 group["lr"] = lr
             update(task.model, self.optimizer, loss, cfg.optim.clip_norm)
             state["loss_sum"] += loss.item() * count
@@ -365,7 +359,7 @@ class Trainer:
             or (cfg.schedule == "step_after" and epoch + 1 >= cfg.decay_start)
         ):
             lr = max(lr * cfg.decay, cfg.min_lr)
-        self._set_lr(lr)
+        self.state["lr"] = lr  # the next step's scheduled_lr() hands it to the optimiser
 
     def _finish(self) -> dict[str, float]:
         task = self.task
