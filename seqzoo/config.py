@@ -1,7 +1,8 @@
 """Typed run configuration: dataclasses built from YAML plus ``--set key=value`` overrides.
 
-Every key is validated against the dataclass fields and their types; a bad key or value raises
-:class:`ConfigError` naming the dotted key (and the file it came from).
+Every key is validated against the dataclass fields, their types and their ranges (a size is
+positive, a dropout rate lies in [0, 1), ...); a bad key or value raises :class:`ConfigError`
+naming the dotted key (and the file it came from).
 """
 
 from __future__ import annotations
@@ -36,6 +37,22 @@ class ConfigError(ValueError):
     """A config key or value is invalid; the message names the dotted key."""
 
 
+def _require(
+    config: object, *, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = (), rate: tuple[str, ...] = ()
+) -> None:
+    """Range checks of a config's fields: ``positive`` > 0, ``non_negative`` >= 0, ``rate`` in [0, 1).
+
+    None (the "off" of optional fields) passes; a list is checked element by element.
+    """
+    checks = [(positive, lambda v: v > 0, "> 0"), (non_negative, lambda v: v >= 0, ">= 0")]
+    checks.append((rate, lambda v: 0 <= v < 1, "in [0, 1)"))
+    for names, ok, bound in checks:
+        for name in names:
+            value = getattr(config, name)
+            if any(not ok(v) for v in (value if isinstance(value, list) else [value]) if v is not None):
+                raise ConfigError(f"{name}: must be {bound}, got {value!r}")
+
+
 @dataclass
 class ClassificationDataConfig:
     """Fudan-format classification data: ``{data_dir}/{name}.{train,dev,test}[.gz]``."""
@@ -53,6 +70,12 @@ class ClassificationDataConfig:
     folds: int = 5  # k-fold cross-validation when the task has no test split
     dev_fraction: float = 0.1  # held out of train when the task has no dev split
 
+    def __post_init__(self) -> None:
+        _require(self, positive=("min_freq", "max_vocab", "max_len", "embedding_dim", "dev_fraction"))
+        _require(self, rate=("dev_fraction",))
+        if self.folds < 2:
+            raise ConfigError(f"folds: must be >= 2, got {self.folds!r}")
+
 
 @dataclass
 class LMDataConfig:
@@ -64,6 +87,9 @@ class LMDataConfig:
     eval_batch_size: int = 10
     bptt: int = 35
     embedding_dim: int = 256
+
+    def __post_init__(self) -> None:
+        _require(self, positive=("batch_size", "eval_batch_size", "bptt", "embedding_dim"))
 
 
 @dataclass
@@ -82,6 +108,9 @@ class ABSADataConfig:
     embedding_dim: int = 300
     freeze_embeddings: bool = False
 
+    def __post_init__(self) -> None:
+        _require(self, positive=("dev_fraction", "min_freq", "embedding_dim"), rate=("dev_fraction",))
+
 
 @dataclass
 class TranslationDataConfig:
@@ -96,6 +125,9 @@ class TranslationDataConfig:
     beam_size: int = 8  # dev / test decoding (MODELS.md 1.8)
     length_alpha: float = 0.6  # α of the beam ranking criterion
 
+    def __post_init__(self) -> None:
+        _require(self, positive=("max_chars", "min_freq", "embedding_dim", "beam_size"), non_negative=("length_alpha",))
+
 
 @dataclass
 class ModelConfig:
@@ -107,6 +139,9 @@ class ModelConfig:
     dropout: float = 0.5  # before the classifier / output layer
     tie_weights: bool = False  # language models: share input embedding and softmax weights
     embedding_init: float = 0.1  # language models: the input embedding starts as U(-a, a)
+
+    def __post_init__(self) -> None:
+        _require(self, positive=("mlp_hidden", "embedding_init"), rate=("embedding_dropout", "dropout"))
 
 
 @dataclass
@@ -128,6 +163,10 @@ class OptimConfig:
     min_lr: float = 0.0  # floor of every decay
     warmup_steps: int = 0  # any schedule: the LR rises linearly over the first steps, lr / warmup_steps to lr
 
+    def __post_init__(self) -> None:
+        _require(self, positive=("lr", "eps", "clip_norm", "decay"), rate=("momentum", "alpha"))
+        _require(self, non_negative=("weight_decay", "decay_start", "min_lr", "warmup_steps"))
+
 
 @dataclass
 class TrainConfig:
@@ -138,10 +177,14 @@ class TrainConfig:
     patience: int | None = 3  # early stopping on the dev metric (epochs without improvement)
     seed: int = 1
     seeds: list[int] = field(default_factory=list)  # multi-seed runs: mean ± std
-    checkpoint_every: int = 200  # steps between resumable checkpoints (and at every epoch end)
+    checkpoint_every: int = 200  # steps between resumable checkpoints, also saved at every epoch end (0 = only there)
     threads: int | None = None  # torch.set_num_threads
     progress: bool | None = None  # None = only on a terminal
     log_every: int | None = 100  # without a progress bar: a log line every this many steps (None = off)
+
+    def __post_init__(self) -> None:
+        names = ("epochs", "max_steps", "batch_size", "eval_batch_size", "patience", "threads", "log_every")
+        _require(self, positive=names, non_negative=("checkpoint_every",))
 
 
 @dataclass
@@ -216,7 +259,10 @@ def _build(cls: type, values: Any, prefix: str) -> Any:
         if key not in names:
             raise ConfigError(f"unknown key {prefix + '.' if prefix else ''}{key} (valid: {', '.join(sorted(names))})")
     kwargs = {k: _check_value(v, hints[k], f"{prefix + '.' if prefix else ''}{k}") for k, v in values.items()}
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ConfigError as err:  # a range check, which names the field only
+        raise ConfigError(f"{prefix}.{err}" if prefix else str(err)) from None
 
 
 def config_from_dict(values: dict[str, Any]) -> RunConfig:

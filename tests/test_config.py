@@ -34,10 +34,39 @@ def test_bad_values_name_the_key(override, message):
         load_config(None, [override])
 
 
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("optim.lr=0", r"optim\.lr: must be > 0, got 0\.0"),
+        ("optim.warmup_steps=-5", r"optim\.warmup_steps: must be >= 0"),
+        ("optim.momentum=1.0", r"optim\.momentum: must be in \[0, 1\)"),
+        ("model.dropout=1.0", r"model\.dropout: must be in \[0, 1\)"),
+        ("model.mlp_hidden=[64,0]", r"model\.mlp_hidden: must be > 0, got \[64, 0\]"),
+        ("train.epochs=0", r"train\.epochs: must be > 0"),
+        ("train.patience=0", r"train\.patience: must be > 0"),
+        ("data.folds=1", r"data\.folds: must be >= 2"),
+        ("data.dev_fraction=1.5", r"data\.dev_fraction: must be in \[0, 1\)"),
+    ],
+)
+def test_out_of_range_values_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_range_checks_let_off_values_through():
+    cfg = load_config(None, ["train.patience=null", "train.checkpoint_every=0", "optim.clip_norm=null", "task=lm"])
+    assert cfg.train.patience is None and cfg.train.checkpoint_every == 0 and cfg.optim.clip_norm is None
+    with pytest.raises(ConfigError, match=r"data\.bptt: must be > 0"):
+        load_config(None, ["task=lm", "data.bptt=0"])
+
+
 def test_errors_name_the_file(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("train:\n  epochz: 3\n")
     with pytest.raises(ConfigError, match=r"bad\.yaml: unknown key train\.epochz"):
+        load_config(path)
+    path.write_text("optim:\n  lr: -1\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: optim\.lr: must be > 0"):
         load_config(path)
     path.write_text("train: [unclosed\n")
     with pytest.raises(ConfigError, match=r"bad\.yaml: invalid YAML"):
