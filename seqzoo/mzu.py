@@ -114,17 +114,23 @@ def squash(s: Tensor, eps: float = 1e-8) -> Tensor:
 def capsule_routing(zones: Tensor, weight: Tensor, capsules: int, iterations: int) -> Tensor:
     """capMZU composition (eqs. 10–14): (B, N, d_z) -> (B, J, d_o) by dynamic routing.
 
-    ``weight`` (J·d_o, d_z) stacks the J transforms ``W^c_j``, each shared by all input
-    capsules (footnote 2), so all predictions come from one matmul.
+    ``weight`` (J·d_o, d_z) stacks the J transforms ``W^c_j`` (d_o, d_z). Each is shared by all
+    input capsules (footnote 2), so the predictions ``ẑ_{j|i} = W^c_j z_i`` (eq. 10) need not be
+    formed: the routing runs in zone space, with ``s_j = W^c_j (Σ_i c_ij z_i)`` (eq. 12) and
+    ``ẑ_{j|i} · o_j = z_i · (W^c_jᵀ o_j)`` (eq. 14). Same arithmetic, without writing and reading
+    a (B, J, N, d_o) tensor of predictions at every iteration.
     """
-    # ẑ_{j|i} laid out (B, J, N, d_o) so both routing products below are plain batched matmuls
-    pred = F.linear(zones, weight).unflatten(-1, (capsules, -1)).transpose(1, 2).contiguous()  # eq. 10
-    logits = zones.new_zeros(pred.shape[:-1])  # b_ij = 0, stored (B, J, N)
-    for it in range(iterations):
-        coupling = torch.softmax(logits, dim=1)  # c_ij: softmax over the output capsules j, eq. 11
-        out = squash((coupling.unsqueeze(2) @ pred).squeeze(2))  # s_j = Σ_i c_ij ẑ_{j|i}, o_j, eqs. 12-13
-        if it + 1 < iterations:
-            logits = logits + (pred @ out.unsqueeze(-1)).squeeze(-1)  # b_ij += ẑ_{j|i} · o_j, eq. 14
+    batch = zones.shape[0]
+    per_capsule = weight.unflatten(0, (capsules, -1))  # W^c as (J, d_o, d_z)
+    # first iteration: b_ij = 0, so c_ij = 1/J and s_j = W^c_j Σ_i z_i / J
+    out = squash(F.linear(zones.sum(1) / capsules, weight).view(batch, capsules, -1))  # o_j (B, J, d_o)
+    logits = None
+    for _ in range(iterations - 1):
+        back = torch.bmm(out.transpose(0, 1), per_capsule).transpose(0, 1)  # W^c_jᵀ o_j (B, J, d_z)
+        agreement = (back.unsqueeze(2) * zones.unsqueeze(1)).sum(-1)  # ẑ_{j|i} · o_j (B, J, N), eq. 14
+        logits = agreement if logits is None else logits + agreement
+        mixed = torch.softmax(logits, dim=1) @ zones  # Σ_i c_ij z_i (B, J, d_z), eqs. 11-12
+        out = squash(torch.bmm(mixed.transpose(0, 1), per_capsule.transpose(1, 2)).transpose(0, 1))  # eqs. 12-13
     return out
 
 

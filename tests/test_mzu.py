@@ -76,6 +76,16 @@ def test_compositions_match_equations():
         torch.testing.assert_close(cap[b], _cap_loops(z[b], w_c, 2, 3))
 
 
+@pytest.mark.parametrize(("capsules", "iterations"), [(1, 2), (3, 1), (3, 4)])
+def test_capsule_routing_matches_equations_for_any_capsules_and_iterations(capsules, iterations):
+    torch.manual_seed(1)
+    z = torch.randn(2, 4, 5, dtype=torch.float64)
+    w_c = torch.randn(capsules * 6, 5, dtype=torch.float64)
+    cap = capsule_routing(z, w_c, capsules, iterations)
+    for b in range(2):
+        torch.testing.assert_close(cap[b], _cap_loops(z[b], w_c, capsules, iterations))
+
+
 def test_gcn_degree_guard_with_negative_cosines():
     z = torch.tensor([[[1.0, 0.0], [-1.0, 0.0], [-1.0, 0.1]]])  # row 0 cosines sum to < 0
     out = graph_conv_zones(z, torch.eye(2))
