@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from seqzoo.checkpoint import join_tensors, split_tensors
 from seqzoo.cli import main
-from seqzoo.config import config_from_dict
+from seqzoo.config import ConfigError, config_from_dict
 from seqzoo.data.errors import DataError
 from seqzoo.data.lm import batchify
 from seqzoo.runner import load_task, run
@@ -145,8 +145,8 @@ def test_embedding_init_sets_the_range_of_the_input_embedding(corpus, tmp_path):
         weight = LMTask(config, splits).model.embedding.weight
         assert weight.abs().max() <= scale
         assert weight.std().item() == pytest.approx(scale / math.sqrt(3), rel=0.25)  # U(-a, a)
-    with pytest.raises(ValueError, match="embedding_init must be > 0"):
-        LMTask(make_config(corpus, tmp_path, model={"embedding_init": 0.0}), splits)
+    with pytest.raises(ConfigError, match=r"model\.embedding_init: must be > 0"):
+        make_config(corpus, tmp_path, model={"embedding_init": 0.0})
 
 
 class _Killed(Exception):

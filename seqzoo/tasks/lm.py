@@ -65,8 +65,6 @@ class LanguageModel(nn.Module):
 
     def __init__(self, vocab_size: int, embedding_dim: int, cfg: ModelConfig) -> None:
         super().__init__()
-        if cfg.embedding_init <= 0:
-            raise ValueError(f"model.embedding_init must be > 0, got {cfg.embedding_init}")
         self.embedding = nn.Embedding(vocab_size, embedding_dim)
         self.embedding_dropout = nn.Dropout(cfg.embedding_dropout)
         self.encoder = build_encoder(cfg.encoder, embedding_dim, **cfg.encoder_args)
