@@ -122,6 +122,16 @@ def _plot_hidden(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from seqzoo.significance import compare_runs, format_comparison
+
+    records = compare_runs(args.run_a, args.run_b)
+    if not records:
+        raise ConfigError(f"{args.run_a} and {args.run_b} share no test metric")
+    print("\n".join(json.dumps(r) for r in records) if args.json else "\n".join(format_comparison(records)))
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     try:
         module = importlib.import_module(f"seqzoo.bench.{args.name}")
@@ -169,6 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
     hidden.add_argument("--out", required=True, help="PNG path")
     hidden.add_argument("--channels", type=int, help="show only the N units that vary most over the document")
     hidden.set_defaults(func=_plot_hidden)
+    compare = sub.add_parser("compare", help="test metrics of two multi-seed runs: mean ± std and Welch's t-test")
+    compare.add_argument("run_a")
+    compare.add_argument("run_b")
+    compare.add_argument("--json", action="store_true", help="one JSON object per metric")
+    compare.set_defaults(func=_compare)
     bench = sub.add_parser("bench", help="benchmarks: seqzoo bench encoders|mzu --help")
     bench.add_argument("name")
     bench.add_argument("rest", nargs=argparse.REMAINDER)

@@ -1,0 +1,125 @@
+"""Is run B better than run A, or is the difference within the seed spread?
+
+``seqzoo compare RUN_A RUN_B`` reads both runs' ``summary.json`` (the test metrics of every seed
+and fold) and, for every metric both have, reports each side's mean ± sample std and Welch's
+unequal-variance t-test of the difference of means (Welch 1947): ``t = (m_B − m_A) / √(s_A²/n_A
++ s_B²/n_B)`` with Welch–Satterthwaite degrees of freedom and a two-sided p-value from Student's
+t distribution. Each seed is one sample; with 2–3 seeds per side the test has little power, so a
+large p says "not shown", not "equal".
+
+The t distribution's tail comes from the regularized incomplete beta function, evaluated by its
+continued fraction (modified Lentz), so no SciPy is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from seqzoo.data.errors import DataError
+from seqzoo.training import mean_std
+
+__all__ = ["compare_runs", "format_comparison", "student_t_two_sided_p", "welch_t_test"]
+
+_TINY = 1e-300
+
+
+def _incomplete_beta_fraction(a: float, b: float, x: float) -> float:
+    """Continued fraction of I_x(a, b), converging for x < (a + 1) / (a + b + 2)."""
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > _TINY else _TINY)
+    result = d
+    for m in range(1, 300):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):  # fmt: skip
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > _TINY else _TINY)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > _TINY else _TINY
+            result *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            break
+    return result
+
+
+def _regularized_incomplete_beta(a: float, b: float, x: float) -> float:
+    """I_x(a, b) for a, b > 0 and 0 <= x <= 1."""
+    if x <= 0.0 or x >= 1.0:
+        return 0.0 if x <= 0.0 else 1.0
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x < (a + 1) / (a + b + 2):
+        return math.exp(log_front) * _incomplete_beta_fraction(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _incomplete_beta_fraction(b, a, 1.0 - x) / b
+
+
+def student_t_two_sided_p(t: float, df: float) -> float:
+    """P(|T| >= |t|) for Student's t with ``df`` > 0 degrees of freedom (real-valued df allowed)."""
+    if df <= 0:
+        raise ValueError(f"df must be > 0, got {df}")
+    return _regularized_incomplete_beta(df / 2, 0.5, df / (df + t * t))
+
+
+def welch_t_test(a: list[float], b: list[float]) -> dict[str, float] | None:
+    """Welch's t-test of mean(b) − mean(a): ``diff``, ``t``, ``df``, ``p`` (two-sided).
+
+    None when a side has fewer than 2 values (no spread to test against). When both sides have
+    no spread at all, ``p`` is 1 for equal means and 0 otherwise.
+    """
+    if len(a) < 2 or len(b) < 2:
+        return None
+    (mean_a, std_a), (mean_b, std_b) = mean_std(a), mean_std(b)
+    var_a, var_b = std_a**2 / len(a), std_b**2 / len(b)
+    diff = mean_b - mean_a
+    if var_a + var_b == 0:
+        t = math.copysign(math.inf, diff) if diff else 0.0
+        return {"diff": diff, "t": t, "df": math.inf, "p": float(diff == 0)}
+    t = diff / math.sqrt(var_a + var_b)
+    df = (var_a + var_b) ** 2 / (var_a**2 / (len(a) - 1) + var_b**2 / (len(b) - 1))
+    return {"diff": diff, "t": t, "df": df, "p": student_t_two_sided_p(t, df)}
+
+
+def _test_metrics(run_dir: Path) -> dict[str, list[float]]:
+    path = run_dir / "summary.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{run_dir}: no summary.json (not a finished `seqzoo train` run)")
+    try:
+        runs = json.loads(path.read_text(encoding="utf-8"))["runs"]
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise DataError(f"not a seqzoo summary ({err})", path) from None
+    metrics: dict[str, list[float]] = {}
+    for record in runs.values():
+        for key, value in record.items():
+            if isinstance(value, (int, float)):
+                metrics.setdefault(key, []).append(float(value))
+    return metrics
+
+
+def compare_runs(run_a: str | Path, run_b: str | Path) -> list[dict[str, Any]]:
+    """One record per test metric the two runs share: each side's values, mean, std, and the test."""
+    a, b = _test_metrics(Path(run_a)), _test_metrics(Path(run_b))
+    records = []
+    for key in sorted(a.keys() & b.keys()):
+        (mean_a, std_a), (mean_b, std_b) = mean_std(a[key]), mean_std(b[key])
+        record: dict[str, Any] = {"metric": key, "a": a[key], "b": b[key]}
+        record.update(mean_a=mean_a, std_a=std_a, mean_b=mean_b, std_b=std_b, welch=welch_t_test(a[key], b[key]))
+        records.append(record)
+    return records
+
+
+def format_comparison(records: list[dict[str, Any]]) -> list[str]:
+    """One line per metric: ``A mean ± std (n) vs B mean ± std (n), B − A, t, df, p``."""
+    lines = []
+    for r in records:
+        scale = 100.0 if "accuracy" in r["metric"] else 1.0
+        side_a = f"A {r['mean_a'] * scale:.3f} ± {r['std_a'] * scale:.3f} (n={len(r['a'])})"
+        side_b = f"B {r['mean_b'] * scale:.3f} ± {r['std_b'] * scale:.3f} (n={len(r['b'])})"
+        line = f"{r['metric']}: {side_a} vs {side_b}, B − A {(r['mean_b'] - r['mean_a']) * scale:+.3f}"
+        test = r["welch"]
+        if test is None:
+            line += "; no test (a side has one run)"
+        else:
+            line += f"; Welch t = {test['t']:.2f}, df = {test['df']:.1f}, p = {test['p']:.3g}"
+        lines.append(line)
+    return lines

@@ -1,0 +1,88 @@
+import json
+import math
+
+import pytest
+
+from seqzoo.cli import main
+from seqzoo.data.io import write_json
+from seqzoo.runner import summarize
+from seqzoo.significance import compare_runs, student_t_two_sided_p, welch_t_test
+
+
+@pytest.mark.parametrize("t", [0.0, 0.3, 1.0, 2.5, 40.0])
+def test_t_tail_matches_closed_forms(t):
+    # df = 1 is the Cauchy distribution, df = 2 has a closed-form CDF
+    assert student_t_two_sided_p(t, 1) == pytest.approx(1 - 2 / math.pi * math.atan(t), abs=1e-13)
+    assert student_t_two_sided_p(-t, 2) == pytest.approx(1 - t / math.sqrt(t * t + 2), abs=1e-13)
+
+
+@pytest.mark.parametrize(("t", "df"), [(12.706205, 1), (2.228139, 10), (2.042272, 30), (1.959964, 1e7)])
+def test_t_tail_at_tabulated_two_sided_five_percent_points(t, df):
+    assert student_t_two_sided_p(t, df) == pytest.approx(0.05, abs=2e-7)
+
+
+def test_t_tail_rejects_nonpositive_df():
+    with pytest.raises(ValueError, match="df must be > 0"):
+        student_t_two_sided_p(1.0, 0)
+
+
+def test_welch_equals_student_for_equal_sizes_and_spreads():
+    a, b = [1.0, 2.0, 3.0], [2.5, 3.5, 4.5]  # both std 1, n 3: t = 1.5 / sqrt(2/3), df = 4
+    test = welch_t_test(a, b)
+    assert test["diff"] == pytest.approx(1.5)
+    assert test["t"] == pytest.approx(1.5 / math.sqrt(2 / 3))
+    assert test["df"] == pytest.approx(4.0)
+    assert test["p"] == pytest.approx(student_t_two_sided_p(1.5 / math.sqrt(2 / 3), 4))
+
+
+def test_welch_degrees_of_freedom_follow_the_spreads():
+    a, b = [0.0, 2.0], [0.0, 0.0, 0.0, 1.0]  # s_a² / n_a = 1, s_b² / n_b = 1/16
+    test = welch_t_test(a, b)
+    expected_df = (1 + 1 / 16) ** 2 / (1 / 1 + (1 / 16) ** 2 / 3)
+    assert test["df"] == pytest.approx(expected_df)
+    assert test["t"] == pytest.approx((0.25 - 1.0) / math.sqrt(1 + 1 / 16))
+
+
+def test_welch_needs_two_values_a_side_and_handles_no_spread():
+    assert welch_t_test([1.0], [1.0, 2.0]) is None
+    assert welch_t_test([1.0, 1.0], [1.0, 1.0])["p"] == 1.0
+    assert welch_t_test([1.0, 1.0], [2.0, 2.0])["p"] == 0.0
+
+
+def _run(tmp_path, name, accuracies, losses):
+    run_dir = tmp_path / name
+    runs = {
+        f"seed-{i + 1}": {"test_accuracy": acc, "test_loss": loss}
+        for i, (acc, loss) in enumerate(zip(accuracies, losses, strict=True))
+    }
+    run_dir.mkdir()
+    write_json(run_dir / "summary.json", summarize(runs))
+    return run_dir
+
+
+def test_compare_command_reports_both_runs_and_the_test(tmp_path, capsys):
+    a = _run(tmp_path, "qrnn", [0.9052, 0.9000, 0.9085], [0.25, 0.26, 0.24])
+    b = _run(tmp_path, "lstm", [0.9080, 0.9095, 0.9095], [0.24, 0.24, 0.25])
+    assert main(["compare", str(a), str(b)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("test_accuracy: A 90.457 ± 0.429 (n=3) vs B 90.900 ± 0.087 (n=3), B − A +0.443")
+    assert "Welch t = 1.76, df = 2.2, p = 0.212" in lines[0] and lines[1].startswith("test_loss:")
+    assert main(["compare", str(a), str(b), "--json"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["metric"] for r in records] == ["test_accuracy", "test_loss"]
+    assert records[0]["a"] == [0.9052, 0.9, 0.9085]
+    assert records[0]["welch"]["p"] == pytest.approx(compare_runs(a, b)[0]["welch"]["p"])
+    assert 0.1 < records[0]["welch"]["p"] < 0.3
+
+
+def test_compare_errors_name_the_run(tmp_path, capsys):
+    a = _run(tmp_path, "a", [0.9], [0.3])
+    assert main(["compare", str(a), str(tmp_path / "missing")]) == 2
+    assert "missing: no summary.json" in capsys.readouterr().err
+    single = _run(tmp_path, "b", [0.8], [0.4])
+    assert main(["compare", str(a), str(single)]) == 0
+    assert "no test (a side has one run)" in capsys.readouterr().out
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "summary.json").write_text("{}")
+    assert main(["compare", str(a), str(tmp_path / "bad")]) == 2
+    assert "summary.json: not a seqzoo summary" in capsys.readouterr().err
