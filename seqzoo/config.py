@@ -44,9 +44,11 @@ def _require(
 
     None (the "off" of optional fields) passes; a list is checked element by element.
     """
-    checks = [(positive, lambda v: v > 0, "> 0"), (non_negative, lambda v: v >= 0, ">= 0")]
-    checks.append((rate, lambda v: 0 <= v < 1, "in [0, 1)"))
-    for names, ok, bound in checks:
+    for names, ok, bound in (
+        (positive, lambda v: v > 0, "> 0"),
+        (non_negative, lambda v: v >= 0, ">= 0"),
+        (rate, lambda v: 0 <= v < 1, "in [0, 1)"),
+    ):
         for name in names:
             value = getattr(config, name)
             if any(not ok(v) for v in (value if isinstance(value, list) else [value]) if v is not None):
@@ -71,8 +73,9 @@ class ClassificationDataConfig:
     dev_fraction: float = 0.1  # held out of train when the task has no dev split
 
     def __post_init__(self) -> None:
-        _require(self, positive=("min_freq", "max_vocab", "max_len", "embedding_dim", "dev_fraction"))
-        _require(self, rate=("dev_fraction",))
+        _require(
+            self, positive=("min_freq", "max_vocab", "max_len", "embedding_dim", "dev_fraction"), rate=("dev_fraction",)
+        )
         if self.folds < 2:
             raise ConfigError(f"folds: must be >= 2, got {self.folds!r}")
 

@@ -32,8 +32,9 @@ def _incomplete_beta_fraction(a: float, b: float, x: float) -> float:
     d = 1.0 / (d if abs(d) > _TINY else _TINY)
     result = d
     for m in range(1, 300):
-        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):  # fmt: skip
+        even = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+        odd = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
+        for numerator in (even, odd):
             d = 1.0 + numerator * d
             d = 1.0 / (d if abs(d) > _TINY else _TINY)
             c = 1.0 + numerator / c
