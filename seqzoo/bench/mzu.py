@@ -35,7 +35,13 @@ VOCAB, EMBEDDING, HIDDEN, FILTER = 50, 256, 800, 1000
 
 
 def _m_function_flops(hidden: int, composition: str, zones: int, filter_size: int, capsules: int, iters: int) -> int:
-    """Matmul FLOPs of one M-function after zone generation, per token."""
+    """Matmul FLOPs of one M-function after zone generation, per token.
+
+    Capsule routing is counted as eqs. 10–14 read (the N predictions formed once, then the
+    routing products). :func:`seqzoo.mzu.capsule_routing` routes in zone space instead, which
+    costs 2T − 1 products with W^c in place of N (5 against 4 at T = 3, N = 4); the extra ones
+    are not counted, so the efficiency below is of the equations' work.
+    """
     zone = hidden // zones
     if composition == "sat":
         out_zones, out_size = zones, zone
