@@ -4,7 +4,8 @@
 zones, ``s_j = W^c_j Σ_i c_ij z_i`` and ``ẑ_{j|i}·o_j = z_i·(W^c_jᵀ o_j)``. The textbook layout
 (kept here only to measure against) forms every prediction ``ẑ_{j|i}``, a (B, J, N, d_o) tensor,
 and routes over it. Both give the same values (checked below in float64). Timed: forward +
-backward of one routing call, best of ``--rounds`` interleaved rounds (the machine is noisy), at
+backward of one routing call, best of ``--rounds`` interleaved rounds (the machine is noisy), and
+the tensor storage autograd keeps for its backward (inputs and weights included), at
 the brown_char CPU config (B 64, hidden 192) and the paper's PTB config (B 256, hidden 800);
 4 zones, J = 2, 3 iterations.
 
@@ -43,6 +44,20 @@ def _microseconds(fn, zones: torch.Tensor, weight: torch.Tensor, calls: int) -> 
     return (time.perf_counter() - start) / calls * 1e6
 
 
+def _saved_mib(fn, zones: Tensor, weight: Tensor) -> float:
+    """MiB of distinct tensor storage autograd keeps for the backward of one call."""
+    storages: dict[int, int] = {}
+
+    def pack(tensor: Tensor) -> Tensor:
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        fn(zones, weight, 2, 3)
+    return sum(storages.values()) / 2**20
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -63,6 +78,8 @@ def main() -> None:
                 best[name] = min(best[name], _microseconds(fn, zones, weight, calls))
         old, new = best.values()
         print(f"{shape}: prediction tensor {old:.0f} us, zone space {new:.0f} us (x{old / new:.2f})")
+        saved = [_saved_mib(fn, zones, weight) for fn in layouts.values()]
+        print(f"{shape}: saved for backward {saved[0]:.2f} MiB (prediction tensor), {saved[1]:.2f} MiB (zone space)")
 
 
 if __name__ == "__main__":
