@@ -99,7 +99,8 @@ class DeepTransitionGRUCell(nn.Module):
 
     def prepare(self, x: Tensor) -> StepFn:
         """The first cell's input projections for all steps at once: x (T, B, D)."""
-        x_part = self.cells[0].x_proj(x)
+        # unbind, not x_part[t]: each indexing op's backward writes a full (T, B, ·) zero tensor
+        x_part = self.cells[0].x_proj(x).unbind(0)
 
         def step(t: int, h: Tensor) -> tuple[Tensor, None]:
             h = self.cells[0](x_part[t], h)

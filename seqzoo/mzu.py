@@ -352,7 +352,8 @@ class MZUCell(nn.Module):
         """Hoist the input half of depth 0's zone generation for all steps: x (T, B, d_x)."""
         weights = [cell.fused_weights() for cell in self.transitions]
         w_x, _, bias = weights[0]
-        x_part = F.linear(x, w_x, bias)  # (T, B, 2H)
+        # unbind, not x_part[t]: each indexing op's backward writes a full (T, B, 2H) zero tensor
+        x_part = F.linear(x, w_x, bias).unbind(0)  # T x (B, 2H)
         h_parts = [w_h.t() for _, w_h, _ in weights]
 
         def step(t: int, h: Tensor) -> tuple[Tensor, Tensor | None]:

@@ -12,8 +12,11 @@ A cell is an ``nn.Module`` with a ``hidden_size`` attribute and a ``prepare`` me
 
 ``prepare`` is where a cell hoists everything that does not depend on the state (e.g. the
 input half of its projections as one big matmul over all ``T`` steps), so the loop only does
-the state-dependent work. Cells that compute a regulariser (the MZU's zone disagreement)
-return it per row from ``step``; the encoder averages it over the real tokens.
+the state-dependent work. Step ``t`` reads its slice of a hoisted ``(T, B, ·)`` tensor from
+``tensor.unbind(0)``, made once in ``prepare``: indexing ``tensor[t]`` in the loop would make each
+step's backward write a full-size zero tensor (O(T²) memory traffic). Cells that compute a
+regulariser (the MZU's zone disagreement) return it per row from ``step``; the encoder averages
+it over the real tokens.
 """
 
 from __future__ import annotations
