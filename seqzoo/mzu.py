@@ -38,8 +38,10 @@ Choices the paper leaves open (MODELS.md 4.2 / 4.8, tagged [I] there):
 Fast formulation (CPU): zone generation is linear in ``[x; h]``, so the input half of M_h and
 M_g's zone generation (and of any REGULAR map) is one matmul over all ``T`` steps before the
 time loop; inside the loop the hidden half of both functions is one matmul with their
-concatenated (separate) weights. :meth:`MZUCell.reference` is the unfused transcription the
-fast path is tested against.
+concatenated (separate) weights, and the rest of M_h and M_g (composition, FFN, output map, LN)
+runs as one batch of two (:class:`StackedHeads`), which halves the number of small operations
+per step. :meth:`MZUCell.reference` is the unfused transcription, one M-function after the
+other, that the fast path is tested against.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ __all__ = [
     "MZUCell",
     "MZUTransition",
     "RegularTransform",
+    "StackedHeads",
     "capsule_routing",
     "graph_conv_zones",
     "self_attention_zones",
@@ -82,27 +85,44 @@ def zone_disagreement(zones: Tensor) -> Tensor:
     return -unit.sum(-2).pow(2).sum(-1) / n**2
 
 
+def _stacked(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """Let a composition over (S, B, N, d_z) zones and S stacked weights also take one unstacked function."""
+
+    def composition(zones: Tensor, weight: Tensor, *args: object) -> Tensor:
+        if zones.dim() == 4:
+            return fn(zones, weight, *args)
+        return fn(zones.unsqueeze(0), weight.unsqueeze(0), *args).squeeze(0)
+
+    composition.__name__, composition.__doc__ = fn.__name__, fn.__doc__
+    return composition
+
+
+@_stacked
 def self_attention_zones(zones: Tensor, qkv: Tensor) -> Tensor:
     """satMZU composition (eq. 6): (B, N, d_z) -> (B, N, d_z).
 
-    ``qkv`` (N, d_z, 3·d_z) holds each zone's own ``[W_Q | W_K | W_V]``.
+    ``qkv`` (N, d_z, 3·d_z) holds each zone's own ``[W_Q | W_K | W_V]``. Like the other
+    compositions, it also runs S functions at once: zones (S, B, N, d_z), ``qkv`` (S, N, d_z, 3·d_z).
     """
-    q, k, v = torch.einsum("bnd,nde->bne", zones, qkv).chunk(3, dim=-1)
-    scores = q @ k.transpose(-1, -2) / math.sqrt(zones.shape[-1])  # (B, N, N)
+    q, k, v = torch.einsum("sbnd,snde->sbne", zones, qkv).chunk(3, dim=-1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(zones.shape[-1])  # (S, B, N, N)
     return torch.softmax(scores, dim=-1) @ v
 
 
+@_stacked
 def graph_conv_zones(zones: Tensor, weight: Tensor, activation: Callable[[Tensor], Tensor] = torch.relu) -> Tensor:
     """gcMZU composition (eqs. 7–9): (B, N, d_z) -> (B, N, d_g), ``weight`` W_g as (d_g, d_z).
 
-    ``Ã = cos(Z, Z) + I`` and ``D̃_ii = Σ_j |Ã_ij|`` (see the module docstring).
+    ``Ã = cos(Z, Z) + I`` and ``D̃_ii = Σ_j |Ã_ij|`` (see the module docstring). Stacked: zones
+    (S, B, N, d_z), ``weight`` (S, d_g, d_z).
     """
     unit = F.normalize(zones, dim=-1, eps=_NORM_EPS)
     eye = torch.eye(zones.shape[-2], dtype=zones.dtype, device=zones.device)
-    adjacency = unit @ unit.transpose(-1, -2) + eye  # eqs. 7-8 plus self-connections (B, N, N)
-    inv_sqrt_degree = adjacency.abs().sum(-1).rsqrt()  # (B, N)
+    adjacency = unit @ unit.transpose(-1, -2) + eye  # eqs. 7-8 plus self-connections (S, B, N, N)
+    inv_sqrt_degree = adjacency.abs().sum(-1).rsqrt()  # (S, B, N)
     normalized = inv_sqrt_degree.unsqueeze(-1) * adjacency * inv_sqrt_degree.unsqueeze(-2)
-    return activation(normalized @ F.linear(zones, weight))  # eq. 9
+    projected = torch.bmm(zones.flatten(1, 2), weight.transpose(1, 2)).view(*zones.shape[:-1], -1)  # Z W_g
+    return activation(normalized @ projected)  # eq. 9
 
 
 def squash(s: Tensor, eps: float = 1e-8) -> Tensor:
@@ -111,6 +131,7 @@ def squash(s: Tensor, eps: float = 1e-8) -> Tensor:
     return s * (squared / ((1 + squared) * torch.sqrt(squared + eps)))
 
 
+@_stacked
 def capsule_routing(zones: Tensor, weight: Tensor, capsules: int, iterations: int) -> Tensor:
     """capMZU composition (eqs. 10–14): (B, N, d_z) -> (B, J, d_o) by dynamic routing.
 
@@ -121,18 +142,25 @@ def capsule_routing(zones: Tensor, weight: Tensor, capsules: int, iterations: in
     products with W^c instead of N, but never writes and reads a (B, J, N, d_o) tensor of
     predictions at each iteration, and that is faster on a CPU
     (``benchmarks/capsule_routing_layouts.py``: 1.1–1.4x per call, forward + backward).
+    Stacked: zones (S, B, N, d_z), ``weight`` (S, J·d_o, d_z) -> (S, B, J, d_o).
     """
-    batch = zones.shape[0]
-    per_capsule = weight.unflatten(0, (capsules, -1))  # W^c as (J, d_o, d_z)
+    stack, batch = zones.shape[:2]
+    per_capsule = weight.unflatten(1, (capsules, -1)).flatten(0, 1)  # W^c as (S·J, d_o, d_z)
+
+    def transform(mixed: Tensor, weights: Tensor) -> Tensor:  # (S, B, J, ·) per capsule j -> (S, B, J, ·)
+        out = torch.bmm(mixed.transpose(1, 2).flatten(0, 1), weights)  # (S·J, B, ·)
+        return out.view(stack, capsules, batch, -1).transpose(1, 2)
+
     # first iteration: b_ij = 0, so c_ij = 1/J and s_j = W^c_j Σ_i z_i / J
-    out = squash(F.linear(zones.sum(1) / capsules, weight).view(batch, capsules, -1))  # o_j (B, J, d_o)
+    first = torch.bmm(zones.sum(2) / capsules, weight.transpose(1, 2))  # (S, B, J·d_o)
+    out = squash(first.view(stack, batch, capsules, -1))  # o_j (S, B, J, d_o)
     logits = None
     for _ in range(iterations - 1):
-        back = torch.bmm(out.transpose(0, 1), per_capsule).transpose(0, 1)  # W^c_jᵀ o_j (B, J, d_z)
-        agreement = (back.unsqueeze(2) * zones.unsqueeze(1)).sum(-1)  # ẑ_{j|i} · o_j (B, J, N), eq. 14
+        back = transform(out, per_capsule)  # W^c_jᵀ o_j (S, B, J, d_z)
+        agreement = (back.unsqueeze(3) * zones.unsqueeze(2)).sum(-1)  # ẑ_{j|i} · o_j (S, B, J, N), eq. 14
         logits = agreement if logits is None else logits + agreement
-        mixed = torch.softmax(logits, dim=1) @ zones  # Σ_i c_ij z_i (B, J, d_z), eqs. 11-12
-        out = squash(torch.bmm(mixed.transpose(0, 1), per_capsule.transpose(1, 2)).transpose(0, 1))  # eqs. 12-13
+        mixed = torch.softmax(logits, dim=2) @ zones  # Σ_i c_ij z_i (S, B, J, d_z), eqs. 11-12
+        out = squash(transform(mixed, per_capsule.transpose(1, 2)))  # eqs. 12-13
     return out
 
 
@@ -186,13 +214,23 @@ class MFunction(nn.Module):
         self.out = nn.Linear(out_zones * out_size, hidden_size)
         self.norm = nn.LayerNorm(hidden_size, eps=1e-6) if layer_norm else nn.Identity()
 
-    def compose(self, zones: Tensor) -> Tensor:
-        """Zone composition, (B, N, d_z) -> (B, J, d_o)."""
+    def composition_weight(self) -> Tensor:
+        """The composition's weight: ``qkv`` (sat), W_g (gcn) or W^c (cap)."""
         if self.composition == "sat":
-            return self_attention_zones(zones, self.qkv)
+            return self.qkv
+        return (self.graph_weight if self.composition == "gcn" else self.capsule_weight).weight
+
+    def compose(self, zones: Tensor, weight: Tensor | None = None) -> Tensor:
+        """Zone composition, (B, N, d_z) -> (B, J, d_o), with this function's weight.
+
+        Or S functions' at once (:class:`StackedHeads`): zones (S, B, N, d_z) and their stacked weights.
+        """
+        weight = self.composition_weight() if weight is None else weight
+        if self.composition == "sat":
+            return self_attention_zones(zones, weight)
         if self.composition == "gcn":
-            return graph_conv_zones(zones, self.graph_weight.weight, self.activation)
-        return capsule_routing(zones, self.capsule_weight.weight, self.out_zones, self.routing_iters)
+            return graph_conv_zones(zones, weight, self.activation)
+        return capsule_routing(zones, weight, self.out_zones, self.routing_iters)
 
     def head(self, zones: Tensor) -> Tensor:
         """Everything after zone generation: (B, N·d_z) flat zones -> (B, H)."""
@@ -202,6 +240,43 @@ class MFunction(nn.Module):
     def forward(self, u: Tensor) -> Tensor:
         """M([x; h]): (B, d_x + H) -> (B, H)."""
         return self.head(self.generate(u))
+
+
+class StackedHeads:
+    """The heads (:meth:`MFunction.head`) of S same-shaped M-functions as one batch of products.
+
+    The fast path runs M_h and M_g side by side: one composition, FFN, output map and LN call for
+    both instead of one each, which halves the small per-step operations of the MZU. Built once
+    per forward pass (the weights are stacked once, not at every step). ``__call__`` maps zones
+    (S, B, N·d_z) to (S, B, H); slice s equals ``functions[s].head(zones[s])``.
+    """
+
+    def __init__(self, functions: list[MFunction]) -> None:
+        first = functions[0]
+        self.first = first
+
+        def stack(get: Callable[[MFunction], Tensor]) -> Tensor:
+            return torch.stack([get(m) for m in functions])
+
+        self.compose_weight = stack(MFunction.composition_weight)
+        self.ffn_in = stack(lambda m: m.ffn[0].weight.t()), stack(lambda m: m.ffn[0].bias).unsqueeze(1)
+        self.ffn_out = stack(lambda m: m.ffn[2].weight.t()), stack(lambda m: m.ffn[2].bias).unsqueeze(1)
+        self.out = stack(lambda m: m.out.weight.t()), stack(lambda m: m.out.bias).unsqueeze(1)
+        self.norm = None
+        if isinstance(first.norm, nn.LayerNorm):
+            self.norm = stack(lambda m: m.norm.weight).unsqueeze(1), stack(lambda m: m.norm.bias).unsqueeze(1)
+
+    def __call__(self, zones: Tensor) -> Tensor:
+        m = self.first
+        stack, batch = zones.shape[:2]
+        zones = zones.unflatten(-1, (m.num_zones, m.zone_size))  # (S, B, N, d_z)
+        composed = m.compose(zones, self.compose_weight)  # (S, B, J, d_o)
+        hidden = torch.relu(torch.baddbmm(self.ffn_in[1], composed.flatten(1, 2), self.ffn_in[0]))  # eq. 5
+        zone_out = torch.baddbmm(self.ffn_out[1], hidden, self.ffn_out[0])  # (S, B·J, d_o)
+        out = torch.baddbmm(self.out[1], zone_out.view(stack, batch, -1), self.out[0])  # (S, B, H)
+        if self.norm is None:
+            return out
+        return torch.addcmul(self.norm[1], F.layer_norm(out, out.shape[-1:], eps=m.norm.eps), self.norm[0])
 
 
 class RegularTransform(nn.Module):
@@ -260,18 +335,32 @@ class MZUTransition(nn.Module):
         """Unfused zone generation: M_h and M_g each from ``u = [x; h]`` -> ``[zones of M_h | zones of M_g]``."""
         return torch.cat([self.candidate.generate(u), self.gate.generate(u)], dim=-1)
 
-    def activations(self, pre: Tensor) -> tuple[Tensor, Tensor]:
-        """Candidate ``h̃`` (after dropout) and gate ``g``, both (B, H), from ``pre`` as in :meth:`step`."""
-        zones_h, zones_g = pre.chunk(2, dim=-1)
-        candidate = self.dropout(torch.tanh(self.candidate.head(zones_h)))  # eq. 2 / 16
-        return candidate, torch.sigmoid(self.gate.head(zones_g))  # eq. 3 / 17
+    def stacked_heads(self) -> StackedHeads | None:
+        """M_h's and M_g's heads as one :class:`StackedHeads`, or None when either is ablated."""
+        if isinstance(self.candidate, MFunction) and isinstance(self.gate, MFunction):
+            return StackedHeads([self.candidate, self.gate])
+        return None
 
-    def step(self, pre: Tensor, h: Tensor, track_disagreement: bool) -> tuple[Tensor, Tensor | None]:
+    def activations(self, pre: Tensor, heads: StackedHeads | None = None) -> tuple[Tensor, Tensor]:
+        """Candidate ``h̃`` (after dropout) and gate ``g``, both (B, H), from ``pre`` as in :meth:`step`.
+
+        ``heads`` (from :meth:`stacked_heads`) runs both heads at once; without it, one by one.
+        """
+        if heads is None:
+            zones_h, zones_g = pre.chunk(2, dim=-1)
+            pre_h, pre_g = self.candidate.head(zones_h), self.gate.head(zones_g)
+        else:
+            pre_h, pre_g = heads(pre.unflatten(-1, (2, -1)).transpose(0, 1)).unbind(0)
+        return self.dropout(torch.tanh(pre_h)), torch.sigmoid(pre_g)  # eqs. 2-3 / 16-17
+
+    def step(
+        self, pre: Tensor, h: Tensor, track_disagreement: bool, heads: StackedHeads | None = None
+    ) -> tuple[Tensor, Tensor | None]:
         """New state from ``pre = [zones of M_h | zones of M_g]`` (B, 2H) and ``h`` (B, H).
 
         Returns ``h_t`` (B, H) and D_zone summed over this cell's M-functions (B,) when tracked.
         """
-        candidate, gate = self.activations(pre)
+        candidate, gate = self.activations(pre, heads)
         h_new = torch.lerp(h, candidate, gate)  # (1 - g) ⊙ h + g ⊙ h̃, eq. 1 / 15
         if not track_disagreement:
             return h_new, None
@@ -355,6 +444,7 @@ class MZUCell(nn.Module):
         # unbind, not x_part[t]: each indexing op's backward writes a full (T, B, 2H) zero tensor
         x_part = F.linear(x, w_x, bias).unbind(0)  # T x (B, 2H)
         h_parts = [w_h.t() for _, w_h, _ in weights]
+        heads = [cell.stacked_heads() for cell in self.transitions]
 
         def step(t: int, h: Tensor) -> tuple[Tensor, Tensor | None]:
             total = None
@@ -362,7 +452,7 @@ class MZUCell(nn.Module):
                 k = self._index(depth)
                 pre_bias = x_part[t] if depth == 0 else weights[k][2]
                 pre = h @ h_parts[k] if pre_bias is None else torch.addmm(pre_bias, h, h_parts[k])
-                h, aux = self.transitions[k].step(pre, h, self.track_disagreement)
+                h, aux = self.transitions[k].step(pre, h, self.track_disagreement, heads[k])
                 total = aux if total is None else total + aux
             return h, total
 

@@ -9,6 +9,7 @@ from seqzoo.mzu import (
     MFunction,
     MZUCell,
     RegularTransform,
+    StackedHeads,
     capsule_routing,
     graph_conv_zones,
     self_attention_zones,
@@ -184,10 +185,33 @@ def test_contract(composition, depth, share, bidirectional):
     assert_contract(enc)
 
 
+@pytest.mark.parametrize("composition", ["sat", "gcn", "cap"])
+@pytest.mark.parametrize("layer_norm", [True, False])
+def test_stacked_heads_equal_each_function_alone(composition, layer_norm):
+    torch.manual_seed(0)
+    kwargs = {"composition": composition, "num_zones": 4, "filter_size": 5, "capsules": 4, "routing_iters": 2}
+    functions = [MFunction(3, 8, layer_norm=layer_norm, **kwargs).double() for _ in range(3)]
+    for m in functions:  # LN at its initial gain 1 / offset 0 would hide a mix-up of the functions'
+        for p in m.norm.parameters():
+            torch.nn.init.normal_(p)
+    zones = torch.randn(3, 2, 8, dtype=torch.float64, requires_grad=True)
+    stacked = StackedHeads(functions)(zones)
+    alone = torch.stack([m.head(z) for m, z in zip(functions, zones, strict=True)])
+    torch.testing.assert_close(stacked, alone)
+    weights = torch.randn_like(alone)
+    params = [zones] + [p for m in functions for p in m.parameters() if p is not m.generate.weight]
+    grads = torch.autograd.grad((stacked * weights).sum(), params)
+    expected = torch.autograd.grad((alone * weights).sum(), params)
+    for got, want in zip(grads, expected, strict=True):
+        torch.testing.assert_close(got, want)
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
         {"composition": "cap", "transition_depth": 1, "share_transition": True},
+        {"composition": "sat", "transition_depth": 2},
+        {"composition": "gcn", "transition_depth": 1, "layer_norm": False},
         {"composition": "gcn", "transition_depth": 2, "regular_gate": True},
         {"composition": "sat", "transition_depth": 1, "regular_trans": True, "layer_norm": False},
     ],
@@ -208,7 +232,14 @@ def test_fast_path_equals_reference_and_disagreement(kwargs):
         total = total + (d_zone * mask[:, t]).sum()
     torch.testing.assert_close(out, torch.stack(expected, 1))
     torch.testing.assert_close(state[0], h)
-    torch.testing.assert_close(enc.auxiliary_loss(), 0.5 * total / 11)  # −λ · D, D averaged over 11 tokens
+    aux = enc.auxiliary_loss()
+    torch.testing.assert_close(aux, 0.5 * total / 11)  # −λ · D, D averaged over 11 tokens
+    weights = torch.randn_like(out)
+    params = list(enc.parameters())
+    fast_grads = torch.autograd.grad((out * weights).sum() + aux, params)
+    reference_grads = torch.autograd.grad((torch.stack(expected, 1) * weights).sum() + 0.5 * total / 11, params)
+    for fast, reference in zip(fast_grads, reference_grads, strict=True):
+        torch.testing.assert_close(fast, reference)
 
 
 def test_disagreement_sums_over_m_functions():
