@@ -122,7 +122,7 @@ def _time_training(lm: _CharLM, batch: int, bptt: int, repeats: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="seqzoo bench mzu", description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--bptt", type=int, default=150)
+    parser.add_argument("--bptt", type=int, default=150, help="the paper's 150 needs ~15 GB of RAM")
     parser.add_argument("--repeats", type=int, default=2, help="timed training steps per model (median)")
     parser.add_argument("--composition", choices=["sat", "gcn", "cap"], default="cap")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
