@@ -242,6 +242,13 @@ class MFunction(nn.Module):
         return self.head(self.generate(u))
 
 
+def _structure(m: MFunction) -> tuple[object, ...]:
+    """What :class:`StackedHeads` takes from its first function for all (weight shapes aside)."""
+    norm_eps = m.norm.eps if isinstance(m.norm, nn.LayerNorm) else None
+    options = (getattr(m, "activation", None), getattr(m, "routing_iters", None))
+    return (m.composition, m.num_zones, m.zone_size, m.out_zones, *options, norm_eps)
+
+
 class StackedHeads:
     """The heads (:meth:`MFunction.head`) of S same-shaped M-functions as one batch of products.
 
@@ -253,6 +260,9 @@ class StackedHeads:
 
     def __init__(self, functions: list[MFunction]) -> None:
         first = functions[0]
+        structures = [_structure(m) for m in functions]
+        if len(set(structures)) > 1:
+            raise ValueError(f"StackedHeads needs M-functions of one structure, got {structures}")
         self.first = first
 
         def stack(get: Callable[[MFunction], Tensor]) -> Tensor:

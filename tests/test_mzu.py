@@ -206,6 +206,13 @@ def test_stacked_heads_equal_each_function_alone(composition, layer_norm):
         torch.testing.assert_close(got, want)
 
 
+def test_stacked_heads_refuse_functions_of_different_structure():
+    with pytest.raises(ValueError, match="one structure"):
+        StackedHeads([MFunction(3, 8, layer_norm=False), MFunction(3, 8, layer_norm=True)])
+    with pytest.raises(ValueError, match="one structure"):
+        StackedHeads([MFunction(3, 8, composition="cap", routing_iters=2), MFunction(3, 8, composition="cap")])
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
