@@ -86,13 +86,18 @@ def summarize(results: dict[str, dict[str, float]]) -> dict[str, Any]:
 
 
 def format_summary(summary: dict[str, Any]) -> list[str]:
-    """One line per test metric: ``mean ± std (n=runs)``; a single run has no spread to show."""
+    """One line per test metric: ``mean ± std (n=runs)``; a single run has no spread to show.
+
+    Accuracies in % with 2 decimals, token counts as integers, everything else (BPC, perplexity,
+    BLEU, losses) with 3 decimals, the resolution at which models are compared.
+    """
     lines = []
     for key, s in summary["metrics"].items():
-        scale = 100.0 if "accuracy" in key else 1.0
-        unit = "%" if scale == 100.0 else ""
-        spread = f" ± {s['std'] * scale:.2f}{unit}" if s["n"] > 1 else ""
-        lines.append(f"{key}: {s['mean'] * scale:.2f}{unit}{spread} (n={s['n']})")
+        scale, unit, decimals = (100.0, "%", 2) if "accuracy" in key else (1.0, "", 3)
+        if key.endswith("tokens"):
+            decimals = 0
+        spread = f" ± {s['std'] * scale:.{decimals}f}{unit}" if s["n"] > 1 else ""
+        lines.append(f"{key}: {s['mean'] * scale:.{decimals}f}{unit}{spread} (n={s['n']})")
     return lines
 
 

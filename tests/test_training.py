@@ -15,7 +15,7 @@ import torch
 
 from seqzoo.cli import main
 from seqzoo.config import load_config
-from seqzoo.runner import run
+from seqzoo.runner import format_summary, run, summarize
 from seqzoo.training import TIMING_KEYS, TrainingError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,6 +92,16 @@ def test_multi_seed_summary_reports_mean_and_std(toy_corpus, tmp_path):
     # A seed of a multi-seed run is the run that seed gives alone, so both kinds of rows can be pooled.
     run(load_config(_config_yaml(toy_corpus, tmp_path), ["train.seed=2", "train.epochs=1"]), tmp_path / "alone")
     assert _records(tmp_path / "seeds/seed-2") == _records(tmp_path / "alone")
+
+
+def test_summary_lines_show_each_metric_at_its_resolution():
+    runs = {"seed-1": {"test_accuracy": 0.9052, "test_bpc": 2.2541, "test_tokens": 623500}}
+    runs["seed-2"] = {"test_accuracy": 0.9004, "test_bpc": 2.2593, "test_tokens": 623500}
+    assert format_summary(summarize(runs)) == [
+        "test_accuracy: 90.28% ± 0.34% (n=2)",
+        "test_bpc: 2.257 ± 0.004 (n=2)",
+        "test_tokens: 623500 ± 0 (n=2)",
+    ]
 
 
 def test_step_budget_stops_mid_epoch_after_evaluating(toy_corpus, tmp_path):
