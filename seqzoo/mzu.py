@@ -46,6 +46,7 @@ other, that the fast path is tested against.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -88,12 +89,12 @@ def zone_disagreement(zones: Tensor) -> Tensor:
 def _stacked(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
     """Let a composition over (S, B, N, d_z) zones and S stacked weights also take one unstacked function."""
 
+    @functools.wraps(fn)
     def composition(zones: Tensor, weight: Tensor, *args: object) -> Tensor:
         if zones.dim() == 4:
             return fn(zones, weight, *args)
         return fn(zones.unsqueeze(0), weight.unsqueeze(0), *args).squeeze(0)
 
-    composition.__name__, composition.__doc__ = fn.__name__, fn.__doc__
     return composition
 
 
