@@ -14,11 +14,11 @@ the brown_char CPU config (B 64, hidden 192) and the paper's PTB config (B 256, 
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
 import torch.nn.functional as F
+from _layouts import layout_args
 from torch import Tensor
 
 from seqzoo.mzu import capsule_routing, squash
@@ -59,12 +59,7 @@ def _saved_mib(fn, zones: Tensor, weight: Tensor) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=9)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+    args = layout_args(__doc__, rounds=9)
     zones, weight = torch.randn(8, 4, 6, dtype=torch.float64), torch.randn(2 * 5, 6, dtype=torch.float64)
     gap = (capsule_routing(zones, weight, 2, 3) - prediction_tensor_routing(zones, weight, 2, 3)).abs().max()
     print(f"max |zone space - prediction tensor| (float64): {gap.item():.1e}")

@@ -15,11 +15,11 @@ chunk (B 256, 10 steps, input 256, hidden 800, filter 1000).
 
 from __future__ import annotations
 
-import argparse
 import time
 from unittest import mock
 
 import torch
+from _layouts import layout_args
 
 from seqzoo.mzu import MZU, MZUTransition
 
@@ -56,13 +56,7 @@ def _seconds(encoder: MZU, x: torch.Tensor) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-
-    torch.manual_seed(0)
+    args = layout_args(__doc__, rounds=5)
     small = _encoder(3, 8, 6).double()
     x = torch.randn(2, 4, 3, dtype=torch.float64)
     with _one_by_one():
