@@ -124,6 +124,9 @@ def test_training_lowers_the_loss_and_tied_weights_checkpoint(corpus, tmp_path):
     vocab_size = len(json.loads((tmp_path / "r/best/vocab.json").read_text())["tokens"])
     assert dev[-1] < dev[0] < math.log(vocab_size)
     assert records[-1]["test_ppl"] == pytest.approx(math.exp(records[-1]["test_loss"]))
+    test = records[-1]
+    log_line = f"test loss {test['test_loss']:.4f}, ppl {test['test_ppl']:.4f}, tokens {test['test_tokens']}"
+    assert log_line + "\n" in (tmp_path / "r/train.log").read_text()  # a count prints as a count
     task = load_task(tmp_path / "r")
     assert task.model.output_weight is None  # tied: the embedding is the output layer
     assert task.evaluate("test")["ppl"] == pytest.approx(records[-1]["test_ppl"])
