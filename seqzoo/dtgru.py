@@ -97,18 +97,16 @@ class DeepTransitionGRUCell(nn.Module):
             + [GRUCell(0, hidden_size, layer_norm, dropout) for _ in range(transition_depth)]
         )
 
-    def prepare(self, x: Tensor) -> StepFn:
+    def prepare(self, x: Tensor) -> tuple[Tensor, StepFn]:
         """The first cell's input projections for all steps at once: x (T, B, D)."""
-        # unbind, not x_part[t]: each indexing op's backward writes a full (T, B, ·) zero tensor
-        x_part = self.cells[0].x_proj(x).unbind(0)
 
-        def step(t: int, h: Tensor) -> tuple[Tensor, None]:
-            h = self.cells[0](x_part[t], h)
+        def step(x_part: Tensor, h: Tensor) -> tuple[Tensor, None]:
+            h = self.cells[0](x_part, h)
             for cell in self.cells[1:]:
                 h = cell(None, h)
             return h, None
 
-        return step
+        return self.cells[0].x_proj(x), step
 
 
 @register_encoder("dtgru")

@@ -448,26 +448,24 @@ class MZUCell(nn.Module):
             states.append(h)
         return torch.stack(candidates), torch.stack(states)
 
-    def prepare(self, x: Tensor) -> StepFn:
-        """Hoist the input half of depth 0's zone generation for all steps: x (T, B, d_x)."""
+    def prepare(self, x: Tensor) -> tuple[Tensor, StepFn]:
+        """Hoist the input half of depth 0's zone generation for all steps: x (T, B, d_x) -> (T, B, 2H)."""
         weights = [cell.fused_weights() for cell in self.transitions]
         w_x, _, bias = weights[0]
-        # unbind, not x_part[t]: each indexing op's backward writes a full (T, B, 2H) zero tensor
-        x_part = F.linear(x, w_x, bias).unbind(0)  # T x (B, 2H)
         h_parts = [w_h.t() for _, w_h, _ in weights]
         heads = [cell.stacked_heads() for cell in self.transitions]
 
-        def step(t: int, h: Tensor) -> tuple[Tensor, Tensor | None]:
+        def step(x_part: Tensor, h: Tensor) -> tuple[Tensor, Tensor | None]:
             total = None
             for depth in range(self.transition_depth + 1):
                 k = self._index(depth)
-                pre_bias = x_part[t] if depth == 0 else weights[k][2]
+                pre_bias = x_part if depth == 0 else weights[k][2]
                 pre = h @ h_parts[k] if pre_bias is None else torch.addmm(pre_bias, h, h_parts[k])
                 h, aux = self.transitions[k].step(pre, h, self.track_disagreement, heads[k])
                 total = aux if total is None else total + aux
             return h, total
 
-        return step
+        return F.linear(x, w_x, bias), step
 
 
 @register_encoder("mzu")

@@ -7,16 +7,15 @@ and bidirectionality (the reverse direction starts at each row's last *real* tok
 
 A cell is an ``nn.Module`` with a ``hidden_size`` attribute and a ``prepare`` method::
 
-    step = cell.prepare(x)        # x (T, B, D) time-major; input-only work for all steps at once
-    h_t, aux_t = step(t, h_prev)  # h (B, H); aux_t (B,) per-row auxiliary term of step t, or None
+    inputs, step = cell.prepare(x)  # x (T, B, D) time-major; inputs (T, B, ·): input-only work
+    h_t, aux_t = step(x_t, h_prev)  # x_t = step t of inputs; h (B, H); aux_t (B,) or None
 
 ``prepare`` is where a cell hoists everything that does not depend on the state (e.g. the
 input half of its projections as one big matmul over all ``T`` steps), so the loop only does
-the state-dependent work. Step ``t`` reads its slice of a hoisted ``(T, B, ·)`` tensor from
-``tensor.unbind(0)``, made once in ``prepare``: indexing ``tensor[t]`` in the loop would make each
-step's backward write a full-size zero tensor (O(T²) memory traffic). Cells that compute a
-regulariser (the MZU's zone disagreement) return it per row from ``step``; the encoder averages
-it over the real tokens.
+the state-dependent work. The loop hands each step its slice of ``inputs`` from one
+``inputs.unbind(0)``: indexing ``inputs[t]`` at every step would make each step's backward write a
+full-size zero tensor (O(T²) memory traffic). Cells that compute a regulariser (the MZU's zone
+disagreement) return it per row from ``step``; the encoder averages it over the real tokens.
 """
 
 from __future__ import annotations
@@ -31,13 +30,13 @@ from seqzoo.base import Encoder, State, check_mask, lengths_from_mask
 
 __all__ = ["RecurrentCell", "RecurrentCellEncoder", "StepFn", "reverse_padded"]
 
-StepFn = Callable[[int, Tensor], tuple[Tensor, Tensor | None]]
+StepFn = Callable[[Tensor, Tensor], tuple[Tensor, Tensor | None]]
 
 
 class RecurrentCell(Protocol):
     hidden_size: int
 
-    def prepare(self, x: Tensor) -> StepFn: ...
+    def prepare(self, x: Tensor) -> tuple[Tensor, StepFn]: ...
 
 
 def reverse_padded(x: Tensor, lengths: Tensor) -> Tensor:
@@ -118,16 +117,15 @@ def _unroll(cell: nn.Module, x: Tensor, steps: Tensor, h: Tensor, full: bool) ->
     Returns outputs (T, B, H) zero at pads, the final state (B, H) and the sum of the per-row
     auxiliary terms over real tokens (or None).
     """
-    step = cell.prepare(x)
+    inputs, step = cell.prepare(x)
     outputs = []
     aux_sum: Tensor | None = None
-    for t in range(x.shape[0]):
-        h_new, aux = step(t, h)
+    for x_t, real in zip(inputs.unbind(0), steps.unbind(0), strict=True):
+        h_new, aux = step(x_t, h)
         if full:
             h = h_new
             outputs.append(h_new)
         else:
-            real = steps[t]
             h = torch.where(real.unsqueeze(1), h_new, h)
             outputs.append(torch.where(real.unsqueeze(1), h_new, 0.0))
             if aux is not None:

@@ -88,13 +88,14 @@ def summarize(results: dict[str, dict[str, float]]) -> dict[str, Any]:
 def format_summary(summary: dict[str, Any]) -> list[str]:
     """One line per test metric: ``mean ± std (n=runs)``; a single run has no spread to show.
 
-    Accuracies in % with 2 decimals, token counts as integers, everything else (BPC, perplexity,
-    BLEU, losses) with 3 decimals, the resolution at which models are compared.
+    Accuracies in % with 2 decimals, counts (integers in every run, e.g. tokens) as integers,
+    everything else (BPC, perplexity, BLEU, losses) with 3 decimals, the resolution at which models
+    are compared.
     """
     lines = []
     for key, s in summary["metrics"].items():
         scale, unit, decimals = (100.0, "%", 2) if "accuracy" in key else (1.0, "", 3)
-        if key.endswith("tokens"):
+        if all(isinstance(run[key], int) for run in summary["runs"].values() if key in run):
             decimals = 0
         spread = f" ± {s['std'] * scale:.{decimals}f}{unit}" if s["n"] > 1 else ""
         lines.append(f"{key}: {s['mean'] * scale:.{decimals}f}{unit}{spread} (n={s['n']})")

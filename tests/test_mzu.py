@@ -284,7 +284,8 @@ def test_gradcheck_cell(composition):
     h = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
 
     def fast(x, h):
-        h_new, d_zone = cell.prepare(x.unsqueeze(0))(0, h)
+        inputs, step = cell.prepare(x.unsqueeze(0))
+        h_new, d_zone = step(inputs[0], h)
         return h_new, d_zone
 
     assert torch.autograd.gradcheck(fast, (x, h))

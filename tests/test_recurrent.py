@@ -29,10 +29,10 @@ def backward_node_names(output: torch.Tensor) -> set[str]:
     ],
 )
 def test_steps_slice_the_hoisted_projection_without_indexing(name, kwargs):
-    # A loop that reads step t of the hoisted (T, B, ·) input projection as x_part[t] puts a
+    # A loop that reads step t of the hoisted (T, B, ·) inputs as inputs[t] puts a
     # SelectBackward per step in the graph, and each writes a full (T, B, ·) zero tensor in
     # the backward pass: O(T²) memory traffic (it was half the MZU+DT's training step).
-    # unbind(0) gives one backward node for all steps.
+    # The loop's one unbind(0) gives one backward node for all steps.
     x = torch.randn(3, 6, 5, requires_grad=True)
     mask = torch.arange(6) < torch.tensor([6, 4, 1]).unsqueeze(1)
     out, _ = build_encoder(name, input_size=5, hidden_size=8, **kwargs)(x, mask)
