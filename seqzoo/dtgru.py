@@ -115,6 +115,7 @@ class DeepTransitionGRU(RecurrentCellEncoder):
 
     State ``h`` (num_layers * directions, B, H). ``dropout`` is the candidate dropout;
     ``linear_gate=False`` drops the L-GRU's linear transformation gate (a plain GRU first).
+    ``compile_step``: the time loop's step through ``torch.compile`` (:mod:`seqzoo.recurrent`).
     """
 
     def __init__(
@@ -127,11 +128,12 @@ class DeepTransitionGRU(RecurrentCellEncoder):
         transition_depth: int = 1,
         linear_gate: bool = True,
         layer_norm: bool = True,
+        compile_step: bool = False,
     ) -> None:
         def make_cell(size: int) -> DeepTransitionGRUCell:
             return DeepTransitionGRUCell(size, hidden_size, transition_depth, linear_gate, layer_norm, dropout)
 
-        super().__init__(input_size, hidden_size, make_cell, num_layers, bidirectional)
+        super().__init__(input_size, hidden_size, make_cell, num_layers, bidirectional, compile_step)
 
 
 @register_encoder("gru_ln")
@@ -150,6 +152,7 @@ class LayerNormGRU(DeepTransitionGRU):
         dropout: float = 0.0,
         bidirectional: bool = False,
         layer_norm: bool = True,
+        compile_step: bool = False,
     ) -> None:
         super().__init__(
             input_size,
@@ -160,4 +163,5 @@ class LayerNormGRU(DeepTransitionGRU):
             transition_depth=0,
             linear_gate=False,
             layer_norm=layer_norm,
+            compile_step=compile_step,
         )

@@ -477,7 +477,8 @@ class MZU(RecurrentCellEncoder):
     ``capsules`` J and ``routing_iters`` T (cap only), ``transition_depth`` L (0 = plain MZU,
     L >= 1 = MZU+DT), ``share_transition`` (one M_h / M_g for all depths), ``layer_norm``,
     ``disagreement`` λ of eq. 19 (0 = off; negative allowed), ``regular_gate`` /
-    ``regular_trans`` (ablations), ``gcn_activation`` (σ of eq. 9).
+    ``regular_trans`` (ablations), ``gcn_activation`` (σ of eq. 9), ``compile_step`` (the time
+    loop's step through ``torch.compile``, :mod:`seqzoo.recurrent`).
 
     State: ``h`` (num_layers * directions, B, H). :meth:`auxiliary_loss` returns ``−λ·D``
     (module docstring) from the last forward pass, None when λ = 0 or every M is ablated.
@@ -502,6 +503,7 @@ class MZU(RecurrentCellEncoder):
         regular_gate: bool = False,
         regular_trans: bool = False,
         gcn_activation: str = "relu",
+        compile_step: bool = False,
     ) -> None:
         def make_cell(size: int) -> MZUCell:
             return MZUCell(
@@ -521,7 +523,7 @@ class MZU(RecurrentCellEncoder):
                 gcn_activation=gcn_activation,
             )
 
-        super().__init__(input_size, hidden_size, make_cell, num_layers, bidirectional)
+        super().__init__(input_size, hidden_size, make_cell, num_layers, bidirectional, compile_step)
         self.disagreement = float(disagreement)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, state: State = None) -> tuple[Tensor, State]:

@@ -1,9 +1,12 @@
 """The per-step loop of RecurrentCellEncoder cells (seqzoo/recurrent.py)."""
 
+import shutil
+import warnings
+
 import pytest
 import torch
 
-from seqzoo import build_encoder
+from seqzoo import build_encoder, recurrent
 
 
 def backward_node_names(output: torch.Tensor) -> set[str]:
@@ -39,3 +42,85 @@ def test_steps_slice_the_hoisted_projection_without_indexing(name, kwargs):
     names = backward_node_names(out)
     assert "SelectBackward0" not in names
     assert "UnbindBackward0" in names
+
+
+def run_with_gradients(encoder, x, mask):
+    """Outputs, final state, auxiliary loss and every parameter gradient of one forward + backward."""
+    out, state = encoder(x, mask)
+    aux = encoder.auxiliary_loss() if hasattr(encoder, "auxiliary_loss") else None
+    loss = out.pow(2).sum() + state.sum() + (aux if aux is not None else 0.0)
+    loss.backward()
+    return [out, state, *([aux] if aux is not None else []), *(p.grad for p in encoder.parameters())]
+
+
+CELLS = [
+    (
+        "mzu",
+        {
+            "composition": "cap",
+            "transition_depth": 1,
+            "share_transition": True,
+            "disagreement": 0.5,
+        },
+    ),
+    ("dtgru", {"num_layers": 2}),
+]
+
+
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("clang++")), reason="torch.compile needs a C++ compiler")
+@pytest.mark.parametrize(("name", "kwargs"), CELLS)
+def test_compiled_step_equals_the_eager_step(name, kwargs):
+    torch.manual_seed(0)
+    eager = build_encoder(name, input_size=5, hidden_size=8, bidirectional=True, **kwargs)
+    compiled = build_encoder(name, input_size=5, hidden_size=8, bidirectional=True, compile_step=True, **kwargs)
+    compiled.load_state_dict(eager.state_dict())
+    x = torch.randn(3, 6, 5)
+    mask = torch.arange(6) < torch.tensor([6, 4, 1]).unsqueeze(1)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="compile_step")  # a failed compile must not pass as eager
+        got = run_with_gradients(compiled, x, mask)
+    expected = run_with_gradients(eager, x, mask)
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("clang++")), reason="torch.compile needs a C++ compiler")
+def test_compiled_dropout_repeats_from_the_seed():
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(5)
+        encoder = build_encoder("gru_ln", input_size=5, hidden_size=8, dropout=0.3, compile_step=True)
+        x = torch.randn(3, 6, 5)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="compile_step")  # compiled, not the eager fallback
+            outputs = torch.stack([encoder(x)[0] for _ in range(2)])  # two forwards: two sets of masks
+        outputs.sum().backward()
+        runs.append([outputs.detach(), *(p.grad for p in encoder.parameters())])
+    assert not torch.equal(runs[0][0][0], runs[0][0][1])  # dropout is on and draws new masks
+    for a, b in zip(*runs, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_failed_compile_falls_back_to_the_eager_step_with_a_warning(monkeypatch):
+    def broken_compile(fn, **kwargs):
+        def fail(*args):
+            raise RuntimeError("no C++ compiler\nmore detail")
+
+        return fail
+
+    monkeypatch.setattr(recurrent, "_compile_failure", None)
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    torch.manual_seed(0)
+    eager = build_encoder("gru_ln", input_size=5, hidden_size=8)
+    compiled = build_encoder("gru_ln", input_size=5, hidden_size=8, compile_step=True)
+    compiled.load_state_dict(eager.state_dict())
+    x = torch.randn(3, 6, 5)
+    mask = torch.arange(6) < torch.tensor([6, 4, 1]).unsqueeze(1)
+    with pytest.warns(RuntimeWarning, match=r"compile_step: .*RuntimeError: no C\+\+ compiler\); running it eagerly"):
+        got = run_with_gradients(compiled, x, mask)
+    for a, b in zip(got, run_with_gradients(eager, x, mask), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once: later forwards stay eager quietly
+        compiled(x, mask)
