@@ -1,10 +1,13 @@
-"""Shared command line of the layout benchmarks in this folder (imported by path, not a package)."""
+"""Shared parts of the layout benchmarks in this folder (imported by path, not a package)."""
 
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
+
+from seqzoo.mzu import MZU
 
 
 def layout_args(doc: str, rounds: int, flags: tuple[str, ...] = ()) -> argparse.Namespace:
@@ -18,3 +21,27 @@ def layout_args(doc: str, rounds: int, flags: tuple[str, ...] = ()) -> argparse.
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     return args
+
+
+def capsule_mzu_dt(input_size: int, hidden: int, filter_size: int, **kwargs: object) -> MZU:
+    """The recipes' capMZU+DT: 4 zones, 2 capsules, 3 routing iterations, one shared t-MZU."""
+    return MZU(
+        input_size,
+        hidden,
+        composition="cap",
+        num_zones=4,
+        filter_size=filter_size,
+        capsules=2,
+        routing_iters=3,
+        transition_depth=1,
+        share_transition=True,
+        **kwargs,
+    )
+
+
+def forward_backward_seconds(encoder: torch.nn.Module, x: torch.Tensor) -> float:
+    """Wall time of one forward and backward of ``encoder(x)`` (loss: the outputs' sum)."""
+    start = time.perf_counter()
+    out, _ = encoder(x)
+    out.sum().backward()
+    return time.perf_counter() - start

@@ -22,46 +22,21 @@ from __future__ import annotations
 import os
 import statistics
 import tempfile
-import time
 from collections.abc import Callable
 
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="seqzoo-inductor-")  # before torch
 
 import torch
-from _layouts import layout_args
+from _layouts import capsule_mzu_dt, forward_backward_seconds, layout_args
 
 from seqzoo.dtgru import DeepTransitionGRU, LayerNormGRU
-from seqzoo.mzu import MZU
-
-
-def _mzu(input_size: int, hidden: int, filter_size: int, **kwargs: object) -> MZU:
-    return MZU(
-        input_size,
-        hidden,
-        composition="cap",
-        num_zones=4,
-        filter_size=filter_size,
-        capsules=2,
-        routing_iters=3,
-        transition_depth=1,
-        share_transition=True,
-        **kwargs,
-    )
-
 
 ENCODERS = {  # name: (batch, steps, input, build(**kwargs))
-    "capMZU+DT (H 192)": (64, 100, 64, lambda **kw: _mzu(64, 192, 192, **kw)),
+    "capMZU+DT (H 192)": (64, 100, 64, lambda **kw: capsule_mzu_dt(64, 192, 192, **kw)),
     "DT-GRU (H 172)": (64, 100, 64, lambda **kw: DeepTransitionGRU(64, 172, **kw)),
     "GRU + LN (H 264)": (64, 100, 64, lambda **kw: LayerNormGRU(64, 264, **kw)),
 }
-PTB = {"capMZU+DT, PTB (B 256, T 20, H 800)": (256, 20, 256, lambda **kw: _mzu(256, 800, 1000, **kw))}
-
-
-def _seconds(encoder: torch.nn.Module, x: torch.Tensor) -> float:
-    start = time.perf_counter()
-    out, _ = encoder(x)
-    out.sum().backward()
-    return time.perf_counter() - start
+PTB = {"capMZU+DT, PTB (B 256, T 20, H 800)": (256, 20, 256, lambda **kw: capsule_mzu_dt(256, 800, 1000, **kw))}
 
 
 def _max_difference(build: Callable[..., torch.nn.Module], x: torch.Tensor) -> float:
@@ -83,12 +58,12 @@ def main() -> None:
         x = torch.randn(batch, steps, input_size)
         eager, compiled = build(dropout=0.1), build(dropout=0.1, compile_step=True)
         compiled.load_state_dict(eager.state_dict())
-        first = _seconds(compiled, x)
-        _seconds(eager, x)  # warm-up
+        first = forward_backward_seconds(compiled, x)
+        forward_backward_seconds(eager, x)  # warm-up
         times: dict[str, list[float]] = {"eager": [], "compiled": []}
         for _ in range(args.rounds):
-            times["eager"].append(_seconds(eager, x))
-            times["compiled"].append(_seconds(compiled, x))
+            times["eager"].append(forward_backward_seconds(eager, x))
+            times["compiled"].append(forward_backward_seconds(compiled, x))
         median = {mode: statistics.median(values) for mode, values in times.items()}
         difference = _max_difference(build, x[:4, :10])
         print(

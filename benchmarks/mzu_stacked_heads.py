@@ -15,13 +15,12 @@ chunk (B 256, 10 steps, input 256, hidden 800, filter 1000).
 
 from __future__ import annotations
 
-import time
 from unittest import mock
 
 import torch
-from _layouts import layout_args
+from _layouts import capsule_mzu_dt, forward_backward_seconds, layout_args
 
-from seqzoo.mzu import MZU, MZUTransition
+from seqzoo.mzu import MZUTransition
 
 SHAPES = {  # name: (batch, steps, input, hidden, filter)
     "brown_char (B 64, T 100, H 192)": (64, 100, 64, 192, 192),
@@ -29,48 +28,27 @@ SHAPES = {  # name: (batch, steps, input, hidden, filter)
 }
 
 
-def _encoder(input_size: int, hidden: int, filter_size: int) -> MZU:
-    return MZU(
-        input_size,
-        hidden,
-        composition="cap",
-        num_zones=4,
-        filter_size=filter_size,
-        capsules=2,
-        routing_iters=3,
-        transition_depth=1,
-        share_transition=True,
-    )
-
-
 def _one_by_one():
     """The fast path with M_h's and M_g's heads run one after the other."""
     return mock.patch.object(MZUTransition, "stacked_heads", lambda self: None)
 
 
-def _seconds(encoder: MZU, x: torch.Tensor) -> float:
-    start = time.perf_counter()
-    out, _ = encoder(x)
-    out.sum().backward()
-    return time.perf_counter() - start
-
-
 def main() -> None:
     args = layout_args(__doc__, rounds=5)
-    small = _encoder(3, 8, 6).double()
+    small = capsule_mzu_dt(3, 8, 6).double()
     x = torch.randn(2, 4, 3, dtype=torch.float64)
     with _one_by_one():
         expected = small(x)[0]
     print(f"max |stacked - one by one| (float64): {(small(x)[0] - expected).abs().max().item():.1e}")
 
     for name, (batch, steps, input_size, hidden, filter_size) in SHAPES.items():
-        encoder = _encoder(input_size, hidden, filter_size)
+        encoder = capsule_mzu_dt(input_size, hidden, filter_size)
         x = torch.randn(batch, steps, input_size)
         best = {"one by one": float("inf"), "stacked (seqzoo)": float("inf")}
         for round_ in range(args.rounds + 1):  # round 0 warms up and is not counted
             with _one_by_one():
-                one_by_one = _seconds(encoder, x)
-            stacked = _seconds(encoder, x)
+                one_by_one = forward_backward_seconds(encoder, x)
+            stacked = forward_backward_seconds(encoder, x)
             if round_ > 0:
                 best["one by one"] = min(best["one by one"], one_by_one)
                 best["stacked (seqzoo)"] = min(best["stacked (seqzoo)"], stacked)
