@@ -55,6 +55,7 @@ def main() -> None:
     args = layout_args(__doc__, rounds=5, flags=("ptb",))
     encoders = {**ENCODERS, **(PTB if args.ptb else {})}
     for name, (batch, steps, input_size, build) in encoders.items():
+        torch._dynamo.reset()  # each encoder's first graph static, as in a process that trains one model
         x = torch.randn(batch, steps, input_size)
         eager, compiled = build(dropout=0.1), build(dropout=0.1, compile_step=True)
         compiled.load_state_dict(eager.state_dict())

@@ -20,8 +20,10 @@ disagreement) return it per row from ``step``; the encoder averages it over the 
 ``compile_step=True`` runs each cell's ``step`` through ``torch.compile`` (Inductor). A cell
 step at CPU sizes is a few dozen small operations, and Inductor fuses the element-wise ones
 into generated C++ loops: at the brown_char configs the training step gets faster after a
-compile of 5-35 s (``benchmarks/compiled_step.py``; Inductor caches the code on disk). Each new
-input shape, layer, and the switch between training and evaluation compiles once more. It needs a C++ compiler at run
+compile of 5-35 s (``benchmarks/compiled_step.py``; Inductor caches the code on disk). Training
+and evaluation compile apart. The first graph has static sizes; a call with other sizes (another
+batch size, the next layer's width) compiles one more graph with dynamic sizes that serves them
+all (about 10 % slower than a static one at the brown_char size). It needs a C++ compiler at run
 time, so it is off by default; if compiling fails, the step runs eagerly after a warning.
 Compiled dropout draws its own random numbers, so a compiled run does not repeat an eager one
 bit for bit (it is still reproducible from its seed).
@@ -68,7 +70,7 @@ def compiled_step(step: StepFn) -> StepFn:
     """``step`` through ``torch.compile``; where compiling fails, ``step`` itself after one warning."""
     if _compile_failure is not None:
         return step
-    compiled = torch.compile(step, dynamic=False)
+    compiled = torch.compile(step)
 
     def run(x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor | None]:
         global _compile_failure

@@ -102,6 +102,20 @@ def test_compiled_dropout_repeats_from_the_seed():
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("clang++")), reason="torch.compile needs a C++ compiler")
+def test_a_compiled_step_serves_many_batch_sizes_without_hitting_the_graph_limit(caplog):
+    torch.manual_seed(0)
+    eager = build_encoder("gru_ln", input_size=5, hidden_size=8)
+    compiled = build_encoder("gru_ln", input_size=5, hidden_size=8, compile_step=True)
+    compiled.load_state_dict(eager.state_dict())
+    with torch.no_grad(), warnings.catch_warnings(), caplog.at_level("WARNING", logger="torch._dynamo"):
+        warnings.filterwarnings("error", message="compile_step")
+        for batch in range(1, 11):  # past Dynamo's 8 graphs if every size compiled its own
+            x = torch.randn(batch, 4, 5)
+            torch.testing.assert_close(compiled(x)[0], eager(x)[0], rtol=1e-4, atol=1e-5)
+    assert "recompile_limit" not in caplog.text
+
+
 def test_a_failed_compile_falls_back_to_the_eager_step_with_a_warning(monkeypatch):
     def broken_compile(fn, **kwargs):
         def fail(*args):
