@@ -20,7 +20,7 @@ disagreement) return it per row from ``step``; the encoder averages it over the 
 ``compile_step=True`` runs each cell's ``step`` through ``torch.compile`` (Inductor). A cell
 step at CPU sizes is a few dozen small operations, and Inductor fuses the element-wise ones
 into generated C++ loops: at the brown_char configs the training step gets faster after a
-compile of 5-35 s (``benchmarks/compiled_step.py``; Inductor caches the code on disk). Training
+compile of 3-35 s (``benchmarks/compiled_step.py``; Inductor caches the code on disk). Training
 and evaluation compile apart. The first graph has static sizes; a call with other sizes (another
 batch size, the next layer's width) compiles one more graph with dynamic sizes that serves them
 all (about 10 % slower than a static one at the brown_char size). It needs a C++ compiler at run

@@ -1,5 +1,6 @@
 """The per-step loop of RecurrentCellEncoder cells (seqzoo/recurrent.py)."""
 
+import contextlib
 import shutil
 import warnings
 
@@ -53,6 +54,33 @@ def run_with_gradients(encoder, x, mask):
     return [out, state, *([aux] if aux is not None else []), *(p.grad for p in encoder.parameters())]
 
 
+def padded_batch():
+    """x (3, 6, 5) and a mask of lengths 6, 4, 1."""
+    return torch.randn(3, 6, 5), torch.arange(6) < torch.tensor([6, 4, 1]).unsqueeze(1)
+
+
+def eager_and_compiled(name, **kwargs):
+    """The same encoder (same weights) without and with ``compile_step``."""
+    torch.manual_seed(0)
+    eager = build_encoder(name, input_size=5, hidden_size=8, **kwargs)
+    compiled = build_encoder(name, input_size=5, hidden_size=8, compile_step=True, **kwargs)
+    compiled.load_state_dict(eager.state_dict())
+    return eager, compiled
+
+
+@contextlib.contextmanager
+def no_eager_fallback():
+    """A failed compile raises instead of passing as the eager step (now or since an earlier failure)."""
+    assert recurrent._compile_failure is None, f"compiling is off since: {recurrent._compile_failure}"
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="compile_step")
+        yield
+
+
+needs_cxx = pytest.mark.skipif(
+    not (shutil.which("g++") or shutil.which("clang++")), reason="torch.compile needs a C++ compiler"
+)
+
 CELLS = [
     (
         "mzu",
@@ -67,17 +95,12 @@ CELLS = [
 ]
 
 
-@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("clang++")), reason="torch.compile needs a C++ compiler")
+@needs_cxx
 @pytest.mark.parametrize(("name", "kwargs"), CELLS)
 def test_compiled_step_equals_the_eager_step(name, kwargs):
-    torch.manual_seed(0)
-    eager = build_encoder(name, input_size=5, hidden_size=8, bidirectional=True, **kwargs)
-    compiled = build_encoder(name, input_size=5, hidden_size=8, bidirectional=True, compile_step=True, **kwargs)
-    compiled.load_state_dict(eager.state_dict())
-    x = torch.randn(3, 6, 5)
-    mask = torch.arange(6) < torch.tensor([6, 4, 1]).unsqueeze(1)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message="compile_step")  # a failed compile must not pass as eager
+    eager, compiled = eager_and_compiled(name, bidirectional=True, **kwargs)
+    x, mask = padded_batch()
+    with no_eager_fallback():
         got = run_with_gradients(compiled, x, mask)
     expected = run_with_gradients(eager, x, mask)
     assert len(got) == len(expected)
@@ -85,15 +108,14 @@ def test_compiled_step_equals_the_eager_step(name, kwargs):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("clang++")), reason="torch.compile needs a C++ compiler")
+@needs_cxx
 def test_compiled_dropout_repeats_from_the_seed():
     runs = []
     for _ in range(2):
         torch.manual_seed(5)
         encoder = build_encoder("gru_ln", input_size=5, hidden_size=8, dropout=0.3, compile_step=True)
         x = torch.randn(3, 6, 5)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("error", message="compile_step")  # compiled, not the eager fallback
+        with no_eager_fallback():
             outputs = torch.stack([encoder(x)[0] for _ in range(2)])  # two forwards: two sets of masks
         outputs.sum().backward()
         runs.append([outputs.detach(), *(p.grad for p in encoder.parameters())])
@@ -102,14 +124,10 @@ def test_compiled_dropout_repeats_from_the_seed():
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("clang++")), reason="torch.compile needs a C++ compiler")
+@needs_cxx
 def test_a_compiled_step_serves_many_batch_sizes_without_hitting_the_graph_limit(caplog):
-    torch.manual_seed(0)
-    eager = build_encoder("gru_ln", input_size=5, hidden_size=8)
-    compiled = build_encoder("gru_ln", input_size=5, hidden_size=8, compile_step=True)
-    compiled.load_state_dict(eager.state_dict())
-    with torch.no_grad(), warnings.catch_warnings(), caplog.at_level("WARNING", logger="torch._dynamo"):
-        warnings.filterwarnings("error", message="compile_step")
+    eager, compiled = eager_and_compiled("gru_ln")
+    with torch.no_grad(), no_eager_fallback(), caplog.at_level("WARNING", logger="torch._dynamo"):
         for batch in range(1, 11):  # past Dynamo's 8 graphs if every size compiled its own
             x = torch.randn(batch, 4, 5)
             torch.testing.assert_close(compiled(x)[0], eager(x)[0], rtol=1e-4, atol=1e-5)
@@ -125,12 +143,8 @@ def test_a_failed_compile_falls_back_to_the_eager_step_with_a_warning(monkeypatc
 
     monkeypatch.setattr(recurrent, "_compile_failure", None)
     monkeypatch.setattr(torch, "compile", broken_compile)
-    torch.manual_seed(0)
-    eager = build_encoder("gru_ln", input_size=5, hidden_size=8)
-    compiled = build_encoder("gru_ln", input_size=5, hidden_size=8, compile_step=True)
-    compiled.load_state_dict(eager.state_dict())
-    x = torch.randn(3, 6, 5)
-    mask = torch.arange(6) < torch.tensor([6, 4, 1]).unsqueeze(1)
+    eager, compiled = eager_and_compiled("gru_ln")
+    x, mask = padded_batch()
     with pytest.warns(RuntimeWarning, match=r"compile_step: .*RuntimeError: no C\+\+ compiler\); running it eagerly"):
         got = run_with_gradients(compiled, x, mask)
     for a, b in zip(got, run_with_gradients(eager, x, mask), strict=True):
