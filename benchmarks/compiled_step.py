@@ -11,10 +11,12 @@ compiled code in a cache on disk; this script points it at a fresh directory, so
 time is the cold-cache one. With dropout off, the compiled encoder's outputs and gradients are
 compared with the eager ones.
 
-    python benchmarks/compiled_step.py [--threads 2] [--rounds 5] [--ptb]
+    python benchmarks/compiled_step.py [--threads 2] [--rounds 5] [--ptb] [--stack]
 
 ``--ptb`` adds the capMZU+DT at the paper's PTB configuration with a short chunk (B 256, 20
-steps, input 256, hidden 800, filter 1000).
+steps, input 256, hidden 800, filter 1000). ``--stack`` adds a 2-layer bidirectional capMZU+DT
+at the brown_char size, whose four cells should all run one compiled graph; each row reports
+how many graphs Dynamo compiled.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="seqzoo-inductor
 
 import torch
 from _layouts import capsule_mzu_dt, forward_backward_seconds, layout_args
+from torch._dynamo.utils import counters
 
 from seqzoo.dtgru import DeepTransitionGRU, LayerNormGRU
 
@@ -37,6 +40,14 @@ ENCODERS = {  # name: (batch, steps, input, build(**kwargs))
     "GRU + LN (H 264)": (64, 100, 64, lambda **kw: LayerNormGRU(64, 264, **kw)),
 }
 PTB = {"capMZU+DT, PTB (B 256, T 20, H 800)": (256, 20, 256, lambda **kw: capsule_mzu_dt(256, 800, 1000, **kw))}
+STACK = {
+    "capMZU+DT, 2 layers, bidirectional (H 192)": (
+        64,
+        100,
+        64,
+        lambda **kw: capsule_mzu_dt(64, 192, 192, num_layers=2, bidirectional=True, **kw),
+    )
+}
 
 
 def _max_difference(build: Callable[..., torch.nn.Module], x: torch.Tensor) -> float:
@@ -52,14 +63,16 @@ def _max_difference(build: Callable[..., torch.nn.Module], x: torch.Tensor) -> f
 
 
 def main() -> None:
-    args = layout_args(__doc__, rounds=5, flags=("ptb",))
-    encoders = {**ENCODERS, **(PTB if args.ptb else {})}
+    args = layout_args(__doc__, rounds=5, flags=("ptb", "stack"))
+    encoders = {**ENCODERS, **(PTB if args.ptb else {}), **(STACK if args.stack else {})}
     for name, (batch, steps, input_size, build) in encoders.items():
         torch._dynamo.reset()  # each encoder's first graph static, as in a process that trains one model
+        counters.clear()
         x = torch.randn(batch, steps, input_size)
         eager, compiled = build(dropout=0.1), build(dropout=0.1, compile_step=True)
         compiled.load_state_dict(eager.state_dict())
         first = forward_backward_seconds(compiled, x)
+        graphs = counters["stats"]["unique_graphs"]
         forward_backward_seconds(eager, x)  # warm-up
         times: dict[str, list[float]] = {"eager": [], "compiled": []}
         for _ in range(args.rounds):
@@ -70,7 +83,7 @@ def main() -> None:
         print(
             f"{name}: forward + backward, median of {args.rounds}: eager {median['eager'] * 1e3:.0f} ms, "
             f"compiled {median['compiled'] * 1e3:.0f} ms (x{median['eager'] / median['compiled']:.2f}); "
-            f"first compiled call (compiling, cold cache) {first:.1f} s; "
+            f"first compiled call (compiling, cold cache) {first:.1f} s, {graphs} graph(s); "
             f"max |compiled - eager| (dropout off) {difference:.1e}",
             flush=True,
         )

@@ -334,13 +334,19 @@ class MZUTransition(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def fused_weights(self) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Zone generation of M_h and M_g side by side: x part (2H, d_x), h part (2H, H), bias (2H) or None."""
-        weight = torch.cat([self.candidate.generate.weight, self.gate.generate.weight])
+        """Zone generation of M_h and M_g side by side: x part (2H, d_x), h part (2H, H), bias (2H) or None.
+
+        Each part is concatenated on its own, so both are contiguous: the h part then has the same
+        strides in every layer, and a compiled step (``compile_step``) serves all layers with one graph.
+        """
+        weights = [m.generate.weight for m in (self.candidate, self.gate)]
+        w_x = torch.cat([w[:, : self.input_size] for w in weights])
+        w_h = torch.cat([w[:, self.input_size :] for w in weights])
         biases = [m.generate.bias for m in (self.candidate, self.gate)]
         bias = None
         if any(b is not None for b in biases):
-            bias = torch.cat([b if b is not None else weight.new_zeros(weight.shape[0] // 2) for b in biases])
-        return weight[:, : self.input_size], weight[:, self.input_size :], bias
+            bias = torch.cat([b if b is not None else w_h.new_zeros(w_h.shape[0] // 2) for b in biases])
+        return w_x, w_h, bias
 
     def zones(self, u: Tensor) -> Tensor:
         """Unfused zone generation: M_h and M_g each from ``u = [x; h]`` -> ``[zones of M_h | zones of M_g]``."""

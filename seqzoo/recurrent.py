@@ -21,10 +21,13 @@ disagreement) return it per row from ``step``; the encoder averages it over the 
 step at CPU sizes is a few dozen small operations, and Inductor fuses the element-wise ones
 into generated C++ loops: at the brown_char configs the training step gets faster after a
 compile of 3-35 s (``benchmarks/compiled_step.py``; Inductor caches the code on disk). Training
-and evaluation compile apart. The first graph has static sizes; a call with other sizes (another
-batch size, the next layer's width) compiles one more graph with dynamic sizes that serves them
-all (about 10 % slower than a static one at the brown_char size). It needs a C++ compiler at run
-time, so it is off by default; if compiling fails, the step runs eagerly after a warning.
+and evaluation compile apart. The layers and directions of a stack share their graphs, as
+their steps differ only in the weight tensors they hold; a cell should give those tensors the
+same strides in every layer, or each layer compiles a graph of its own. The first graph has
+static sizes; a call with another batch size compiles one more graph with dynamic sizes that
+serves them all (about 10 % slower than a static one at the brown_char size). It needs a C++
+compiler at run time, so it is off by default; if compiling fails, the step runs eagerly after
+a warning.
 Compiled dropout draws its own random numbers, so a compiled run does not repeat an eager one
 bit for bit (it is still reproducible from its seed).
 """

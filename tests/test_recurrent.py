@@ -6,6 +6,7 @@ import warnings
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from seqzoo import build_encoder, recurrent
 
@@ -89,6 +90,7 @@ CELLS = [
             "transition_depth": 1,
             "share_transition": True,
             "disagreement": 0.5,
+            "num_layers": 2,
         },
     ),
     ("dtgru", {"num_layers": 2}),
@@ -106,6 +108,20 @@ def test_compiled_step_equals_the_eager_step(name, kwargs):
     assert len(got) == len(expected)
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@needs_cxx
+@pytest.mark.parametrize(("name", "kwargs"), CELLS)
+def test_every_layer_and_direction_of_a_stack_runs_one_compiled_graph(name, kwargs):
+    # The cells of a stack differ only in their weights, which reach the step as tensors. A layer
+    # whose weights had other strides compiled a graph of its own: the MZU's h part of the zone
+    # generation was a slice of [W_x | W_h], whose row stride grows with the layer's input width.
+    torch._dynamo.reset()
+    counters.clear()
+    _, compiled = eager_and_compiled(name, bidirectional=True, **kwargs)
+    with no_eager_fallback():
+        run_with_gradients(compiled, *padded_batch())
+    assert counters["stats"]["unique_graphs"] == 1
 
 
 @needs_cxx
