@@ -1,12 +1,30 @@
+import contextlib
 import os
 import random
+import shutil
+import warnings
 from pathlib import Path
 
 import pytest
 
+from seqzoo import recurrent
+
 POSITIVE = "good great fine superb lovely moving brilliant fun warm charming".split()
 NEGATIVE = "bad awful dull boring weak poor flat tedious messy bland".split()
 NEUTRAL = "the a film movie story plot it is was and of with this that actor scene".split()
+
+needs_cxx = pytest.mark.skipif(
+    not (shutil.which("g++") or shutil.which("clang++")), reason="torch.compile needs a C++ compiler"
+)
+
+
+@contextlib.contextmanager
+def no_eager_fallback():
+    """A failed ``compile_step`` compile raises instead of running eagerly (now or since an earlier failure)."""
+    assert recurrent._compile_failure is None, f"compiling is off since: {recurrent._compile_failure}"
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="compile_step")
+        yield
 
 
 def write_sentiment_corpus(directory: Path, name: str = "toy", sizes=(240, 60, 60), seed: int = 0) -> Path:

@@ -6,6 +6,7 @@ Speed itself is never asserted here (benchmarks are not timed tests); see docs/r
 import json
 
 import pytest
+from conftest import needs_cxx, no_eager_fallback
 
 from seqzoo.cli import main
 
@@ -48,12 +49,17 @@ def test_bench_encoders_reports_rates_bound_and_pooling_share(capsys, window, po
         assert row["gemm_bound_fwd_bwd_tokens_per_s"] > 0 and 0.0 <= row["pooling_share"] <= 1.0
 
 
-def test_bench_mzu_reports_flop_efficiency(capsys):
-    assert main(["bench", "mzu", "--batch", "2", "--bptt", "2", "--repeats", "1", "--threads", "1", "--json"]) == 0
+@pytest.mark.parametrize("compile_step", [False, pytest.param(True, marks=needs_cxx)])
+def test_bench_mzu_reports_flop_efficiency(capsys, compile_step):
+    flags = ["--compile-step"] if compile_step else []
+    args = ["bench", "mzu", "--batch", "2", "--bptt", "2", "--repeats", "1", "--threads", "1", "--json", *flags]
+    with no_eager_fallback():
+        assert main(args) == 0
     rows = {r["model"]: r for r in _rows(capsys)}
     assert set(rows) == {"capMZU+DT", "DT-GRU"}
     for row in rows.values():
         assert row["batch"] == 2 and row["bptt"] == 2 and row["params"] > 1_000_000
+        assert row["compile_step"] is compile_step
         achieved = row["chars_per_s"] * row["train_flops_per_char"] / 1e9
         assert row["achieved_gflops"] == pytest.approx(achieved, rel=0.01)
         assert row["flop_efficiency"] == pytest.approx(achieved / max(row["sgemm_gflops"]), abs=2e-3)

@@ -1,11 +1,10 @@
 """The per-step loop of RecurrentCellEncoder cells (seqzoo/recurrent.py)."""
 
-import contextlib
-import shutil
 import warnings
 
 import pytest
 import torch
+from conftest import needs_cxx, no_eager_fallback
 from torch._dynamo.utils import counters
 
 from seqzoo import build_encoder, recurrent
@@ -68,19 +67,6 @@ def eager_and_compiled(name, **kwargs):
     compiled.load_state_dict(eager.state_dict())
     return eager, compiled
 
-
-@contextlib.contextmanager
-def no_eager_fallback():
-    """A failed compile raises instead of passing as the eager step (now or since an earlier failure)."""
-    assert recurrent._compile_failure is None, f"compiling is off since: {recurrent._compile_failure}"
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message="compile_step")
-        yield
-
-
-needs_cxx = pytest.mark.skipif(
-    not (shutil.which("g++") or shutil.which("clang++")), reason="torch.compile needs a C++ compiler"
-)
 
 CELLS = [
     (

@@ -12,6 +12,9 @@ FLOPs count only matrix products (``2·m·n·k`` each, from :func:`mzu_forward_f
 :func:`dtgru_forward_flops`; element-wise work is not counted), times 3 for forward+backward.
 The sgemm rate is the best of a 2048³ fp32 matmul measured before and after the models in the
 same run, so load from other processes lowers both sides alike as far as possible.
+
+``--compile-step`` builds both encoders with ``compile_step=True`` (their recurrent step through
+``torch.compile``, :mod:`seqzoo.recurrent`); the untimed warm-up step then includes compiling.
 """
 
 from __future__ import annotations
@@ -126,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2, help="timed training steps per model (median)")
     parser.add_argument("--composition", choices=["sat", "gcn", "cap"], default="cap")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--compile-step", action="store_true", help="the recurrent steps through torch.compile")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     args = parser.parse_args(argv)
     if args.threads:
@@ -136,10 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     mzu = MZU(
         EMBEDDING, HIDDEN, dropout=0.5, composition=args.composition, num_zones=4, filter_size=FILTER,
         capsules=2, routing_iters=3, transition_depth=1, share_transition=True, disagreement=1.0,
+        compile_step=args.compile_step,
     )  # fmt: skip
+    dtgru = DeepTransitionGRU(EMBEDDING, HIDDEN, dropout=0.5, compile_step=args.compile_step)
     models = [
         (f"{args.composition}MZU+DT", _CharLM(mzu), mzu_forward_flops(EMBEDDING, HIDDEN, args.composition)),
-        ("DT-GRU", _CharLM(DeepTransitionGRU(EMBEDDING, HIDDEN, dropout=0.5)), dtgru_forward_flops(EMBEDDING, HIDDEN)),
+        ("DT-GRU", _CharLM(dtgru), dtgru_forward_flops(EMBEDDING, HIDDEN)),
     ]
     results = []
     for name, lm, encoder_flops in models:
@@ -156,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             "batch": args.batch,
             "bptt": args.bptt,
             "threads": torch.get_num_threads(),
+            "compile_step": args.compile_step,
             "step_s": round(seconds, 3),
             "chars_per_s": round(chars_per_s, 1),
             "train_flops_per_char": flops_per_char,
