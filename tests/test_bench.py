@@ -7,6 +7,7 @@ import json
 
 import pytest
 from conftest import needs_cxx, no_eager_fallback
+from torch._dynamo.utils import counters
 
 from seqzoo.cli import main
 
@@ -53,8 +54,10 @@ def test_bench_encoders_reports_rates_bound_and_pooling_share(capsys, window, po
 def test_bench_mzu_reports_flop_efficiency(capsys, compile_step):
     flags = ["--compile-step"] if compile_step else []
     args = ["bench", "mzu", "--batch", "2", "--bptt", "2", "--repeats", "1", "--threads", "1", "--json", *flags]
+    counters.clear()
     with no_eager_fallback():
         assert main(args) == 0
+    assert (counters["stats"]["unique_graphs"] > 0) is compile_step  # the flag reaches the encoders
     rows = {r["model"]: r for r in _rows(capsys)}
     assert set(rows) == {"capMZU+DT", "DT-GRU"}
     for row in rows.values():

@@ -14,7 +14,9 @@ The sgemm rate is the best of a 2048³ fp32 matmul measured before and after the
 same run, so load from other processes lowers both sides alike as far as possible.
 
 ``--compile-step`` builds both encoders with ``compile_step=True`` (their recurrent step through
-``torch.compile``, :mod:`seqzoo.recurrent`); the untimed warm-up step then includes compiling.
+``torch.compile``, :mod:`seqzoo.recurrent`); the untimed warm-up step then includes compiling. A
+record says ``compile_step`` only for a step that ran compiled: a failed compile (which warns)
+falls back to eager, and the record says false.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from seqzoo import recurrent
 from seqzoo.base import Encoder, detach_state
 from seqzoo.dtgru import DeepTransitionGRU
 from seqzoo.mzu import MZU
@@ -162,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             "batch": args.batch,
             "bptt": args.bptt,
             "threads": torch.get_num_threads(),
-            "compile_step": args.compile_step,
+            "compile_step": args.compile_step and recurrent._compile_failure is None,  # false after a fallback
             "step_s": round(seconds, 3),
             "chars_per_s": round(chars_per_s, 1),
             "train_flops_per_char": flops_per_char,
