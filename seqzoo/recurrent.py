@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from seqzoo.base import Encoder, State, check_mask, lengths_from_mask
 
-__all__ = ["RecurrentCell", "RecurrentCellEncoder", "StepFn", "compiled_step", "reverse_padded"]
+__all__ = ["RecurrentCell", "RecurrentCellEncoder", "StepFn", "compile_failure", "compiled_step", "reverse_padded"]
 
 StepFn = Callable[[Tensor, Tensor], tuple[Tensor, Tensor | None]]
 
@@ -67,6 +67,11 @@ def reverse_padded(x: Tensor, lengths: Tensor) -> Tensor:
 
 
 _compile_failure: str | None = None  # set by the first failed compile; later steps run eagerly
+
+
+def compile_failure() -> str | None:
+    """Why ``compile_step`` fell back to eager in this process (the first failed compile), or None."""
+    return _compile_failure
 
 
 def compiled_step(step: StepFn) -> StepFn:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from seqzoo import recurrent
+from seqzoo.recurrent import compile_failure
 
 POSITIVE = "good great fine superb lovely moving brilliant fun warm charming".split()
 NEGATIVE = "bad awful dull boring weak poor flat tedious messy bland".split()
@@ -21,7 +21,7 @@ needs_cxx = pytest.mark.skipif(
 @contextlib.contextmanager
 def no_eager_fallback():
     """A failed ``compile_step`` compile raises instead of running eagerly (now or since an earlier failure)."""
-    assert recurrent._compile_failure is None, f"compiling is off since: {recurrent._compile_failure}"
+    assert compile_failure() is None, f"compiling is off since: {compile_failure()}"
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="compile_step")
         yield

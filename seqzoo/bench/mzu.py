@@ -30,10 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from seqzoo import recurrent
 from seqzoo.base import Encoder, detach_state
 from seqzoo.dtgru import DeepTransitionGRU
 from seqzoo.mzu import MZU
+from seqzoo.recurrent import compile_failure
 
 __all__ = ["dtgru_forward_flops", "main", "mzu_forward_flops"]
 
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             "batch": args.batch,
             "bptt": args.bptt,
             "threads": torch.get_num_threads(),
-            "compile_step": args.compile_step and recurrent._compile_failure is None,  # false after a fallback
+            "compile_step": args.compile_step and compile_failure() is None,  # false after a fallback
             "step_s": round(seconds, 3),
             "chars_per_s": round(chars_per_s, 1),
             "train_flops_per_char": flops_per_char,
