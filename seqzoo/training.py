@@ -370,9 +370,8 @@ class Trainer:
         test = task.evaluate("test")
         record = {f"test_{k}": v for k, v in test.items()}
         self._record({"event": "test", "best_epoch": self.state["best_epoch"], **record})
-        plots = plot_curves(self.metrics_path, self.run_dir / "plots", task.metric)
+        plot_curves(self.metrics_path, self.run_dir / "plots", task.metric)  # `seqzoo train` lists them
         log.info("test %s", ", ".join(f"{k} {v}" if isinstance(v, int) else f"{k} {v:.4f}" for k, v in test.items()))
-        log.info("run directory: %s; plots: %s", self.run_dir, ", ".join(str(p) for p in plots))
         return test
 
 
