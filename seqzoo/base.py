@@ -56,8 +56,9 @@ class Encoder(nn.Module):
         self.input_size = int(input_size)
         self.hidden_size = int(hidden_size)
         self._bidirectional = bool(bidirectional)
-        if bidirectional:
+        if bidirectional:  # the backward direction reads the chunk's future: no chunk-by-chunk continuation
             self.causal = False
+            self.stateful = False
 
     @property
     def bidirectional(self) -> bool:
@@ -70,6 +71,15 @@ class Encoder(nn.Module):
     def forward(self, x: Tensor, mask: Tensor | None = None, state: State = None) -> tuple[Tensor, State]:
         raise NotImplementedError
 
+    def check_input(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        """Validate ``x`` (B, T, input_size) and ``mask`` (see :func:`check_mask`); returns the mask."""
+        mask = check_mask(x, mask)
+        if x.shape[-1] != self.input_size:
+            raise ValueError(
+                f"{type(self).__name__} expects {self.input_size} input features, got input of shape {tuple(x.shape)}"
+            )
+        return mask
+
     def auxiliary_loss(self) -> Tensor | None:
         """Regulariser from the last forward pass, to be *added* to the loss (None if none)."""
         return None
@@ -80,6 +90,8 @@ def check_mask(x: Tensor, mask: Tensor | None) -> Tensor:
     if x.dim() != 3:
         raise ValueError(f"encoder input must be (batch, time, features), got shape {tuple(x.shape)}")
     batch, time = x.shape[:2]
+    if batch == 0 or time == 0:
+        raise ValueError(f"encoder input is empty: shape {tuple(x.shape)}")
     if mask is None:
         return torch.ones(batch, time, dtype=torch.bool, device=x.device)
     if mask.dtype != torch.bool:

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from seqzoo.base import Encoder, State, check_mask, lengths_from_mask, register_encoder
+from seqzoo.base import Encoder, State, lengths_from_mask, register_encoder
 
 __all__ = ["GRU", "LSTM", "TransformerEncoder", "sinusoidal_positions"]
 
@@ -45,7 +45,7 @@ class _TorchRNN(Encoder):
         )
 
     def forward(self, x: Tensor, mask: Tensor | None = None, state: State = None) -> tuple[Tensor, State]:
-        mask = check_mask(x, mask)
+        mask = self.check_input(x, mask)
         if bool(mask.all()):
             return self.rnn(x, state)
         lengths = lengths_from_mask(mask)
@@ -98,7 +98,8 @@ class TransformerEncoder(Encoder):
     """Transformer encoder (torch built-ins) with sinusoidal positions; optional causal masking.
 
     ``hidden_size`` is d_model; the input is projected to it when ``input_size`` differs.
-    Not stateful: ``state`` must be None and the returned state is None.
+    Not stateful: ``state`` must be None and the returned state is None. It attends both ways
+    unless ``causal``, so ``bidirectional`` (accepted for configs written for RNNs) must be False.
     """
 
     stateful = False
@@ -113,7 +114,13 @@ class TransformerEncoder(Encoder):
         dropout: float = 0.1,
         causal: bool = False,
         norm_first: bool = True,
+        bidirectional: bool = False,
     ) -> None:
+        if bidirectional:
+            raise ValueError(
+                "the Transformer has no bidirectional option: it attends both ways unless causal=True, with "
+                "outputs of hidden_size; set bidirectional to false"
+            )
         super().__init__(input_size, hidden_size)
         self.causal = causal
         self.proj = nn.Linear(input_size, hidden_size) if input_size != hidden_size else nn.Identity()
@@ -131,9 +138,10 @@ class TransformerEncoder(Encoder):
     def forward(self, x: Tensor, mask: Tensor | None = None, state: State = None) -> tuple[Tensor, State]:
         if state is not None:
             raise ValueError("TransformerEncoder is not stateful; pass state=None")
-        mask = check_mask(x, mask)
+        mask = self.check_input(x, mask)
         time = x.shape[1]
-        h = self.proj(x) * math.sqrt(self.hidden_size) + sinusoidal_positions(time, self.hidden_size, x.device)
+        h = self.proj(x) * math.sqrt(self.hidden_size)
+        h = h + sinusoidal_positions(time, self.hidden_size, x.device).to(h.dtype)
         attn_mask = None
         if self.causal:
             attn_mask = torch.ones(time, time, dtype=torch.bool, device=x.device).triu(1)  # True = blocked

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from seqzoo.base import Encoder, State, check_mask, lengths_from_mask, register_encoder
+from seqzoo.base import Encoder, State, lengths_from_mask, register_encoder
 from seqzoo.kernels import POOLINGS, qrnn_layer
 
 __all__ = ["QRNN", "QRNNLayer"]
@@ -157,9 +157,11 @@ class QRNN(Encoder):
         )
 
     def forward(self, x: Tensor, mask: Tensor | None = None, state: State = None) -> tuple[Tensor, State]:
-        mask = check_mask(x, mask)
+        mask = self.check_input(x, mask)
         if state is not None and not self.stateful:
             raise ValueError("a bidirectional or non-causal QRNN is not stateful; pass state=None")
+        if state is not None:
+            self._check_state(state, x.shape[0])
         lengths = lengths_from_mask(mask)
         states = state if state is not None else [(None, None)] * self.num_layers
         inputs, finals = x, []  # inputs: (B, T, n_l)
@@ -173,3 +175,13 @@ class QRNN(Encoder):
                 h = self.dropout(h)
                 inputs = torch.cat([inputs, h], -1) if self.dense else h
         return h, tuple(finals)
+
+    def _check_state(self, state: State, batch: int) -> None:
+        """``state`` must be what :meth:`forward` returns: per layer, c (B, H) and x_tail (B, k - 1, n_l)."""
+        expected = [((batch, self.hidden_size), (batch, d[0].window - 1, d[0].input_size)) for d in self.layers]
+        got = [tuple(None if t is None else tuple(t.shape) for t in pair) for pair in state]
+        if len(got) != len(expected) or any(
+            len(g) != 2 or any(s is not None and s != e for s, e in zip(g, shapes, strict=True))
+            for g, shapes in zip(got, expected, strict=False)
+        ):
+            raise ValueError(f"state must hold per layer (c, x_tail) of shapes {expected}, got {got}")

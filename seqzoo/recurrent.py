@@ -36,12 +36,12 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
 
-from seqzoo.base import Encoder, State, check_mask, lengths_from_mask
+from seqzoo.base import Encoder, State, lengths_from_mask
 
 __all__ = ["RecurrentCell", "RecurrentCellEncoder", "StepFn", "compile_failure", "compiled_step", "reverse_padded"]
 
@@ -133,8 +133,12 @@ class RecurrentCellEncoder(Encoder):
         #: divided by the number of real tokens (None when the cells return none).
         self.aux_per_token: Tensor | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Copies (``copy.deepcopy``, pickle) leave out the last forward's auxiliary term, a graph node."""
+        return {**super().__getstate__(), "aux_per_token": None}
+
     def forward(self, x: Tensor, mask: Tensor | None = None, state: State = None) -> tuple[Tensor, State]:
-        mask = check_mask(x, mask)
+        mask = self.check_input(x, mask)
         batch = x.shape[0]
         shape = (self.num_layers * self.num_directions, batch, self.hidden_size)
         if state is None:
@@ -188,6 +192,4 @@ def _unroll(
                 aux = torch.where(real, aux, 0.0)
         if aux is not None:
             aux_sum = aux.sum() if aux_sum is None else aux_sum + aux.sum()
-    if not outputs:
-        return x.new_zeros(0, *h.shape), h, None
     return torch.stack(outputs), h, aux_sum

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from seqzoo.base import Encoder, State, build_encoder, check_mask, register_encoder
+from seqzoo.base import Encoder, State, build_encoder, register_encoder
 
 __all__ = ["DenseGRU", "DenseLSTM", "DenseStack"]
 
@@ -55,7 +55,7 @@ class DenseStack(Encoder):
         return self.layers[-1].output_size
 
     def forward(self, x: Tensor, mask: Tensor | None = None, state: State = None) -> tuple[Tensor, State]:
-        mask = check_mask(x, mask)
+        mask = self.check_input(x, mask)
         states = state if state is not None else (None,) * len(self.layers)
         inputs, finals = x, []  # inputs: (B, T, n + sum of earlier output sizes)
         for i, (layer, layer_state) in enumerate(zip(self.layers, states, strict=True)):

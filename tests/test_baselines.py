@@ -63,6 +63,43 @@ def test_mask_validation_messages():
         build_encoder("nope", 3, hidden_size=2)
 
 
+ALL_ENCODERS = {
+    "lstm": {},
+    "gru": {},
+    "transformer": {"nhead": 2},
+    "qrnn": {"window": 2},
+    "mzu": {"num_zones": 2},
+    "dtgru": {},
+    "gru_ln": {},
+    "dense_lstm": {"num_layers": 2},
+}
+
+
+@pytest.mark.parametrize("name", ALL_ENCODERS)
+def test_input_of_the_wrong_size_or_empty_is_refused(name):
+    enc = build_encoder(name, 6, hidden_size=4, **ALL_ENCODERS[name])
+    with pytest.raises(ValueError, match="expects 6 input features"):
+        enc(torch.randn(2, 5, 3))
+    for shape in ((2, 0, 6), (0, 5, 6)):
+        with pytest.raises(ValueError, match="empty"):
+            enc(torch.randn(shape))
+
+
+@pytest.mark.parametrize("name", sorted(set(ALL_ENCODERS) - {"transformer"}))
+def test_bidirectional_encoders_are_not_stateful(name):
+    """Their backward direction reads the chunk's future, so chunks cannot continue a sequence."""
+    enc = build_encoder(name, 6, hidden_size=4, bidirectional=True, **ALL_ENCODERS[name])
+    assert not enc.stateful and not enc.causal
+
+
+def test_transformer_takes_bidirectional_false_and_runs_in_bfloat16():
+    enc = build_encoder("transformer", 6, hidden_size=8, nhead=2, bidirectional=False).to(torch.bfloat16)
+    out, _ = enc(torch.randn(2, 3, 6, dtype=torch.bfloat16))
+    assert out.dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="no bidirectional option"):
+        build_encoder("transformer", 6, hidden_size=8, nhead=2, bidirectional=True)
+
+
 @pytest.mark.parametrize("name", ["last", "mean", "max", "meanmax", "attention"])
 def test_poolers_ignore_padding(name):
     torch.manual_seed(0)

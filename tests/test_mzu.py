@@ -1,3 +1,4 @@
+import copy
 import math
 
 import pytest
@@ -273,6 +274,17 @@ def test_disagreement_off_by_default_and_gradient_sign():
     assert loss.item() == pytest.approx(-enc.aux_per_token.item())  # = λ · mean cosine ≥ 0 shrinks cosines
     loss.backward()
     assert enc.cells[0].transitions[0].candidate.generate.weight.grad.abs().sum() > 0
+
+
+def test_deepcopy_after_a_forward_with_disagreement():
+    """The last forward's auxiliary term is a graph node, which deepcopy refuses; copies leave it out."""
+    torch.manual_seed(0)
+    enc = MZU(3, 8, disagreement=1.0)
+    enc(torch.randn(2, 3, 3))
+    clone = copy.deepcopy(enc)
+    assert clone.aux_per_token is None and enc.aux_per_token is not None
+    for a, b in zip(enc.state_dict().values(), clone.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("composition", ["sat", "gcn", "cap"])

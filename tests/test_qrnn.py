@@ -90,6 +90,17 @@ def test_bidirectional_rejects_state():
         encoder(torch.randn(2, 5, 4), state=state)
 
 
+def test_state_of_another_batch_or_layout_is_refused():
+    encoder = QRNN(4, 3, num_layers=2, window=2)
+    x = torch.randn(2, 5, 4)
+    _, state = encoder(x)
+    encoder(x, state=state)  # the state it returned fits
+    other_batch = tuple((c[:1], tail[:1]) for c, tail in state)
+    for bad in (state[:1], other_batch, ((*state[0], None), state[1])):
+        with pytest.raises(ValueError, match="state must hold"):
+            encoder(x, state=bad)
+
+
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_fast_path_matches_reference_through_the_encoder(monkeypatch, bidirectional):
     """Values and all gradients agree, with padding, carried state (k = 3) and zoneout in training."""

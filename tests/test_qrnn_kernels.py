@@ -210,6 +210,39 @@ def test_layer_rejects_weight_of_wrong_shape():
         qrnn_layer(x_pad, weight, bias, lengths, c0, pooling="fo")
 
 
+def test_shapes_the_kernels_would_index_out_of_bounds_are_refused():
+    """The kernels do not bounds-check: lengths past T, a c0 or keep of another shape must be refused first."""
+    gates, lengths, c0, kwargs = _inputs("fo", "none")  # B = 4, T = 9, H = 70
+    (x_pad, weight, bias, _), _ = _layer_inputs(2, "fo")  # B = 4, T = 9, H = 5
+    with pytest.raises(ValueError, match="lengths"):
+        qrnn_pool(gates, torch.tensor([9, 10, 0, 1]), c0, **kwargs)
+    with pytest.raises(ValueError, match="lengths"):
+        qrnn_layer(x_pad, weight, bias, torch.tensor([9, 9, -1, 1]), pooling="fo")
+    with pytest.raises(ValueError, match="c0"):
+        qrnn_pool(gates, lengths, c0[:2], **kwargs)
+    with pytest.raises(ValueError, match="c0"):
+        qrnn_layer(x_pad, weight, bias, lengths, torch.zeros(4, 70), pooling="fo")
+    with pytest.raises(ValueError, match="keep"):
+        qrnn_pool(gates, lengths, c0, pooling="fo", keep=torch.ones(4, 2, 70, dtype=torch.bool))
+
+
+def test_layer_under_cpu_autocast_falls_back_loudly_to_the_reference():
+    """Under autocast the gates come out in bfloat16, which only the reference pools."""
+    (x_pad, weight, bias, c0), lengths = _layer_inputs(2, "fo")
+    h_float, _ = qrnn_layer(x_pad, weight, bias, lengths, c0, pooling="fo")
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.warns(RuntimeWarning, match="fused QRNN pooling"):
+        h, _ = qrnn_layer(x_pad, weight, bias, lengths, c0, pooling="fo")
+    assert torch.allclose(h.float(), h_float, atol=0.05)
+
+
+def test_reference_zoneout_keeps_float64():
+    gates, lengths, c0, kwargs = _inputs("fo", "train", dtype=torch.float64)
+    h, _ = qrnn_pool_reference(gates, lengths, c0, pooling="fo", keep=kwargs["keep"], keep_prob=0.7)
+    f = 1 - (1 - torch.sigmoid(gates[:, 0, 1])) * kwargs["keep"][:, 0].double() * 0.7
+    c = f * c0 + (1 - f) * torch.tanh(gates[:, 0, 0])
+    assert torch.allclose(h[0, 0], (c * torch.sigmoid(gates[:, 0, 2]))[0], rtol=0, atol=1e-12)
+
+
 def test_library_from_other_sources_is_refused(monkeypatch):
     """A stale build (other exported signatures) falls back with a reason instead of being called."""
     stale = type("StaleLibrary", (), {"qrnn_pool_abi_version": staticmethod(lambda: 1)})()

@@ -64,7 +64,7 @@ def qrnn_pool_reference(
     gated = torch.sigmoid(gates[:, :, 1:])  # f, o, i in one pass, (B, T, G - 1, H)
     f = gated[:, :, 0]
     if keep is not None or keep_prob != 1.0:  # eq. 6: zoned-out channels get f = 1 (no rescaling)
-        f = 1 - (1 - f) * (keep_prob if keep is None else keep * keep_prob)
+        f = 1 - (1 - f) * (keep_prob if keep is None else keep.to(f.dtype) * keep_prob)
     new = gated[:, :, 2] * z if pooling == "ifo" else torch.addcmul(z, f, z, value=-1)  # i z, or (1 - f) z
     real = (torch.arange(time, device=gates.device) < lengths.unsqueeze(1)).unsqueeze(-1)  # (B, T, 1)
     padded = not bool(real.all())
@@ -199,6 +199,17 @@ class _CompiledPool(torch.autograd.Function):
         return kernel.gates, None, dc0 if ctx.needs_input_grad[2] else None, None, None, None, None
 
 
+def _check_pool_args(shape: tuple[int, int, int], lengths: Tensor, c0: Tensor | None, keep: Tensor | None) -> None:
+    """Refuse what would make the kernels (which index without bounds checks) read or write out of bounds."""
+    batch, time, hidden = shape
+    if tuple(lengths.shape) != (batch,) or not bool(((lengths >= 0) & (lengths <= time)).all()):
+        raise ValueError(f"lengths must be ({batch},) with values in [0, {time}], got {lengths.tolist()}")
+    if c0 is not None and tuple(c0.shape) != (batch, hidden):
+        raise ValueError(f"c0 must be ({batch}, {hidden}), got {tuple(c0.shape)}")
+    if keep is not None and tuple(keep.shape) != shape:
+        raise ValueError(f"keep must be {shape}, got {tuple(keep.shape)}")
+
+
 def _compiled_inputs(x: Tensor, lengths: Tensor, c0: Tensor | None, keep: Tensor | None) -> tuple:
     """x, lengths, c0, keep as the C kernel reads them (contiguous; int64, x's dtype, uint8)."""
     c0 = None if c0 is None else c0.to(x.dtype).contiguous()
@@ -330,8 +341,11 @@ def qrnn_layer(
             f"k <= {padded_time}, got {tuple(weight.shape)}"
         )
     time = padded_time - window + 1
+    _check_pool_args((batch, time, weight.shape[0] // POOLINGS[pooling]), lengths, c0, keep)
     kwargs = {"pooling": pooling, "keep": keep, "keep_prob": keep_prob, "reverse": reverse}
-    if pool_backend(x_pad.device, x_pad.dtype) != "compiled":
+    device = x_pad.device.type  # under autocast the gates come out in the autocast dtype
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x_pad.dtype
+    if pool_backend(x_pad.device, dtype) != "compiled":
         gates = window_linear(x_pad, weight, bias).view(batch, time, POOLINGS[pooling], -1)  # (B, T, G, H)
         return qrnn_pool(gates, lengths, c0, **kwargs)
     x_pad, lengths, c0, keep = _compiled_inputs(x_pad, lengths, c0, keep)
@@ -379,6 +393,8 @@ def qrnn_pool(
         raise ValueError(f"pooling must be one of {sorted(POOLINGS)}, got {pooling!r}")
     if gates.dim() != 4 or gates.shape[2] != POOLINGS[pooling]:
         raise ValueError(f"{pooling}-pooling needs gates (B, T, {POOLINGS[pooling]}, H), got {tuple(gates.shape)}")
+    batch, time, _, hidden = gates.shape
+    _check_pool_args((batch, time, hidden), lengths, c0, keep)
     kwargs = {"pooling": pooling, "keep": keep, "keep_prob": keep_prob, "reverse": reverse}
     backend = pool_backend(gates.device, gates.dtype)
     if backend == "compiled":
