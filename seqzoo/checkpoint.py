@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+
+from seqzoo.data.errors import DataError
 
 __all__ = [
     "join_tensors",
@@ -111,5 +114,9 @@ def resolve_checkpoint(directory: str | Path) -> Path | None:
 
 
 def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """Load a safetensors file (no code is ever unpickled)."""
-    return load_file(str(path))
+    """Load a safetensors file (no code is ever unpickled); a corrupt or truncated one is a
+    :class:`DataError` naming the file (a missing one the usual :class:`FileNotFoundError`)."""
+    try:
+        return load_file(str(path))
+    except SafetensorError as err:
+        raise DataError(f"corrupt or truncated safetensors file ({err})", path) from None

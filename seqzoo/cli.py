@@ -8,14 +8,18 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
-from seqzoo.config import ConfigError, load_config
+from seqzoo.config import ConfigError, RunConfig, config_to_dict, load_config
 
 __all__ = ["main"]
 
 log = logging.getLogger("seqzoo")
 
 DEFAULT_CONFIG = Path(__file__).with_name("configs") / "default.yaml"
+#: What a resumed run keeps: its checkpoints were trained with these (a resume may change the
+#: rest: the epoch and step budgets, patience, the optimiser's schedule, threads, logging).
+FIXED_ON_RESUME = ("task", "data", "model", "train.batch_size", "train.seed")
 
 
 def _new_run_dir(output_dir: str, name: str) -> Path:
@@ -32,19 +36,47 @@ def _train(args: argparse.Namespace) -> int:
 
     if args.resume:
         run_dir = Path(args.resume)
-        if not (run_dir / "config.yaml").exists():
+        stored = run_dir / "config.yaml"
+        if not stored.exists():
             raise ConfigError(f"{run_dir}: not a run directory (no config.yaml)")
-        config = load_config(run_dir / "config.yaml", args.set)
+        config = load_config(stored, args.set)
+        _refuse_changes_on_resume(load_config(stored), config, stored)
     else:
         config = load_config(args.config or DEFAULT_CONFIG, args.set)
         run_dir = Path(args.run_dir) if args.run_dir else _new_run_dir(config.output_dir, config.name)
-    summary = run(config, run_dir, resume=bool(args.resume))
+        if run_dir.is_dir() and any(run_dir.iterdir()):
+            raise ConfigError(f"{run_dir} is not empty: resume its run (--resume {run_dir}) or pick another --run-dir")
+    try:
+        summary = run(config, run_dir, resume=bool(args.resume))
+    except KeyboardInterrupt:
+        print(f"seqzoo: interrupted; continue with: seqzoo train --resume {run_dir}", file=sys.stderr)
+        return 130
     print("\n".join(format_summary(summary)))
     plots = sorted(str(p) for p in run_dir.rglob("*.png"))
     print(f"run directory: {run_dir}")
     if plots:
         print("plots: " + ", ".join(plots))
     return 0
+
+
+def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config dict as {dotted key: value}."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        flat.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return flat
+
+
+def _refuse_changes_on_resume(stored: RunConfig, config: RunConfig, path: Path) -> None:
+    """A ``--resume --set`` may not change what the checkpoints were trained with (:data:`FIXED_ON_RESUME`)."""
+    old, new = _flat(config_to_dict(stored)), _flat(config_to_dict(config))
+    for key in sorted(old.keys() | new.keys()):
+        fixed = any(key == name or key.startswith(name + ".") for name in FIXED_ON_RESUME)
+        if fixed and old.get(key) != new.get(key):
+            raise ConfigError(
+                f"{path}: --resume cannot change {key} ({old.get(key)!r} -> {new.get(key)!r}); the run's "
+                "checkpoints were trained with it: start a new run instead"
+            )
 
 
 def _trained_runs(run_dir: str) -> list[Path]:
@@ -71,13 +103,18 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
+    from seqzoo.data.io import open_text
     from seqzoo.runner import load_task
 
     runs = _trained_runs(args.run_dir)
     task = load_task(runs[0], with_data=False)
-    source = sys.stdin if args.input in (None, "-") else open(args.input, encoding="utf-8")
-    with source:
-        texts = [line.rstrip("\n") for line in source if line.strip()]
+    if not hasattr(task, "predict"):
+        raise ConfigError(f"{runs[0]}: `seqzoo predict` serves classification and translation runs, not this one")
+    if args.input in (None, "-"):
+        texts = [line.rstrip("\r\n") for line in sys.stdin if line.strip()]
+    else:
+        with open_text(args.input) as lines:
+            texts = [line.rstrip("\r\n") for line in lines if line.strip()]
     for text, result in zip(texts, task.predict(texts), strict=True):
         print(json.dumps({"text": text, **result}, ensure_ascii=False))
     return 0
@@ -91,6 +128,8 @@ def _sample(args: argparse.Namespace) -> int:
     task = load_task(runs[0], with_data=False)
     if not isinstance(task, LMTask):
         raise ConfigError(f"{runs[0]}: not a language model run")
+    if args.length < 1 or args.temperature <= 0:
+        raise ConfigError(f"--length must be >= 1 and --temperature > 0, got {args.length} and {args.temperature}")
     print(sample(task, args.length, args.temperature, args.prime, args.seed))
     return 0
 
@@ -110,10 +149,11 @@ def _plot_zones(args: argparse.Namespace) -> int:
 
 def _plot_hidden(args: argparse.Namespace) -> int:
     from seqzoo.analysis import plot_hidden_states
+    from seqzoo.data.io import read_text
     from seqzoo.runner import load_task
 
     runs = _trained_runs(args.run_dir)
-    text = args.text if args.input is None else Path(args.input).read_text(encoding="utf-8")
+    text = args.text if args.input is None else read_text(args.input)
     try:
         path, _ = plot_hidden_states(load_task(runs[0], with_data=False), text, args.out, args.channels)
     except ValueError as err:
@@ -153,7 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("run_dir")
     evaluate.add_argument("--split", default="test", choices=["train", "dev", "test"])
     evaluate.set_defaults(func=_evaluate)
-    predict = sub.add_parser("predict", help="classify texts (one per line) with a trained run; JSON lines out")
+    predict = sub.add_parser(
+        "predict", help="classify or translate texts (one per line) with a trained run; JSON lines out"
+    )
     predict.add_argument("run_dir")
     predict.add_argument("--input", help="file with one text per line (default: stdin)")
     predict.set_defaults(func=_predict)
@@ -203,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.func(args)
-    except (ConfigError, DataError, TrainingError, FileNotFoundError) as err:
+    except (ConfigError, DataError, TrainingError, OSError) as err:
         print(f"seqzoo: error: {err}", file=sys.stderr)
         return 2
 

@@ -7,10 +7,12 @@ naming the dotted key (and the file it came from).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import types
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -30,6 +32,7 @@ __all__ = [
     "config_from_dict",
     "config_to_dict",
     "load_config",
+    "names_config_errors",
 ]
 
 
@@ -188,6 +191,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         names = ("epochs", "max_steps", "batch_size", "eval_batch_size", "patience", "threads", "log_every")
         _require(self, positive=names, non_negative=("checkpoint_every",))
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError(f"seeds: each seed once, got {self.seeds}")
 
 
 @dataclass
@@ -272,7 +277,7 @@ def config_from_dict(values: dict[str, Any]) -> RunConfig:
     """Build and validate a :class:`RunConfig` from a plain dict (YAML content)."""
     values = dict(values)
     task = values.get("task", "classification")
-    if task not in _DATA_CONFIGS:
+    if not isinstance(task, str) or task not in _DATA_CONFIGS:
         raise ConfigError(f"task: {task!r} is not one of {', '.join(map(repr, _DATA_CONFIGS))}")
     data = _build(_DATA_CONFIGS[task], values.pop("data", {}) or {}, "data")
     config = _build(RunConfig, values, "")
@@ -294,7 +299,10 @@ def _apply_override(values: dict[str, Any], assignment: str) -> None:
         target = target.setdefault(part, {})
         if not isinstance(target, dict):
             raise ConfigError(f"override {key}: {part} is not a section")
-    target[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+    try:
+        target[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override {key}: invalid YAML value {raw!r} ({getattr(err, 'problem', err)})") from None
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
@@ -307,6 +315,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             raise ConfigError(f"{path}: invalid YAML: {err}") from None
         except OSError as err:
             raise ConfigError(f"{path}: {err.strerror}") from None
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"{path}: not UTF-8 text (invalid byte at offset {err.start})") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping")
         values = loaded or {}
@@ -316,3 +326,17 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         return config_from_dict(values)
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}" if path else str(err)) from None
+
+
+@contextlib.contextmanager
+def names_config_errors(key: str) -> Iterator[None]:
+    """Report what a constructor raises for bad arguments from the config section ``key`` (an
+    unknown encoder, an unknown or out-of-range ``encoder_args`` entry) as a :class:`ConfigError`."""
+    from seqzoo.data.errors import DataError
+
+    try:
+        yield
+    except DataError:
+        raise
+    except (KeyError, TypeError, ValueError) as err:
+        raise ConfigError(f"{key}: {err.args[0] if isinstance(err, KeyError) else err}") from None

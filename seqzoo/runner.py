@@ -14,8 +14,9 @@ import yaml
 
 from seqzoo.checkpoint import resolve_checkpoint
 from seqzoo.config import RunConfig, config_from_dict, config_to_dict
-from seqzoo.data.io import atomic_write_text, write_json
-from seqzoo.training import Trainer, mean_std, set_seed, set_threads, trains_further
+from seqzoo.data.errors import DataError
+from seqzoo.data.io import atomic_write_text, read_json, read_text, write_json
+from seqzoo.training import Trainer, mean_std, set_seed, set_threads, stop_reason
 
 __all__ = ["completed_test_record", "find_runs", "load_task", "run", "summarize"]
 
@@ -35,12 +36,22 @@ def task_module(task: str) -> Any:
 
 
 def completed_test_record(run_dir: Path) -> dict[str, Any] | None:
-    """The ``test`` record of a finished run, else None."""
+    """The ``test`` record of a finished run, else None. A last line cut short (a run killed while
+    writing it; resuming drops it) is no record; any other malformed line is a :class:`DataError`."""
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return None
-    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return next((r for r in records if r.get("event") == "test"), None)
+    lines = read_text(path).splitlines()
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line) if line.strip() else {}
+        except json.JSONDecodeError as err:
+            if number == len(lines):
+                return None
+            raise DataError(f"invalid JSON: {err.msg}", path, number) from None
+        if record.get("event") == "test":
+            return record
+    return None
 
 
 def run(config: RunConfig, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
@@ -61,9 +72,13 @@ def run(config: RunConfig, run_dir: str | Path, resume: bool = False) -> dict[st
             sub_dir = seed_dir / sub if sub else seed_dir
             name = str(sub_dir.relative_to(run_dir)) if sub_dir != run_dir else "."
             done = completed_test_record(sub_dir) if resume else None
-            if done is not None and trains_further(sub_dir, cfg):
-                log.info("%s finished at fewer than %d epochs: training on", sub_dir, cfg.train.epochs)
-                done = None
+            if done is not None:
+                reason = stop_reason(sub_dir, cfg)
+                if reason is None:
+                    log.info("%s: the config lets it train on", sub_dir)
+                    done = None
+                else:
+                    log.info("%s is finished (%s); reporting its test result", sub_dir, reason)
             if done is None:
                 log.info("training %s (seed %d) -> %s", config.name, seed, sub_dir)
                 Trainer(cfg, task, sub_dir).fit(resume=resume)
@@ -117,5 +132,5 @@ def load_task(sub_run: str | Path, with_data: bool = True) -> Any:
     best = resolve_checkpoint(Path(sub_run) / "best")
     if best is None:
         raise FileNotFoundError(f"{sub_run}: no best/ checkpoint")
-    config = config_from_dict(json.loads((best / "config.json").read_text(encoding="utf-8")))
+    config = config_from_dict(read_json(best / "config.json"))
     return task_module(config.task).load_trained(config, best, with_data=with_data)

@@ -62,11 +62,13 @@ def student_t_two_sided_p(t: float, df: float) -> float:
     return _regularized_incomplete_beta(df / 2, 0.5, df / (df + t * t))
 
 
-def welch_t_test(a: list[float], b: list[float]) -> dict[str, float] | None:
+def welch_t_test(a: list[float], b: list[float]) -> dict[str, float | None] | None:
     """Welch's t-test of mean(b) − mean(a): ``diff``, ``t``, ``df``, ``p`` (two-sided).
 
     None when a side has fewer than 2 values (no spread to test against). When both sides have
-    no spread at all, ``p`` is 1 for equal means and 0 otherwise.
+    no spread at all, ``p`` is 1 for equal means and 0 otherwise, and ``df`` (and ``t`` for
+    different means) is None: infinite, so that the record stays valid JSON. So is any other
+    value that is not finite (a NaN metric).
     """
     if len(a) < 2 or len(b) < 2:
         return None
@@ -75,10 +77,12 @@ def welch_t_test(a: list[float], b: list[float]) -> dict[str, float] | None:
     diff = mean_b - mean_a
     if var_a + var_b == 0:
         t = math.copysign(math.inf, diff) if diff else 0.0
-        return {"diff": diff, "t": t, "df": math.inf, "p": float(diff == 0)}
-    t = diff / math.sqrt(var_a + var_b)
-    df = (var_a + var_b) ** 2 / (var_a**2 / (len(a) - 1) + var_b**2 / (len(b) - 1))
-    return {"diff": diff, "t": t, "df": df, "p": student_t_two_sided_p(t, df)}
+        test = {"diff": diff, "t": t, "df": math.inf, "p": float(diff == 0)}
+    else:
+        t = diff / math.sqrt(var_a + var_b)
+        df = (var_a + var_b) ** 2 / (var_a**2 / (len(a) - 1) + var_b**2 / (len(b) - 1))
+        test = {"diff": diff, "t": t, "df": df, "p": student_t_two_sided_p(t, df)}
+    return {key: value if math.isfinite(value) else None for key, value in test.items()}
 
 
 def _test_metrics(run_dir: Path) -> dict[str, list[float]]:
@@ -121,6 +125,12 @@ def format_comparison(records: list[dict[str, Any]]) -> list[str]:
         if test is None:
             line += "; no test (a side has one run)"
         else:
-            line += f"; Welch t = {test['t']:.2f}, df = {test['df']:.1f}, p = {test['p']:.3g}"
+            t, df, p = (_number(test[key], spec) for key, spec in (("t", ".2f"), ("df", ".1f"), ("p", ".3g")))
+            line += f"; Welch t = {t}, df = {df}, p = {p}"
         lines.append(line)
     return lines
+
+
+def _number(value: float | None, spec: str) -> str:
+    """``value`` in format ``spec``; "n/a" for None (not finite, e.g. df when neither side has spread)."""
+    return "n/a" if value is None else format(value, spec)

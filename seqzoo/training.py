@@ -13,9 +13,11 @@ rest and writes the run directory::
 Resuming (``Trainer.fit(resume=True)``) restarts from ``last/`` at the exact batch where it
 was saved: batch order is a pure function of (seed, epoch) and all RNG states are restored,
 so on CPU the resumed run reproduces the uninterrupted one's metrics exactly. A finished run
-resumed under a config that lets it go on (a larger ``train.epochs`` or ``train.max_steps``, a
-larger or no ``train.patience``) trains on from its last epoch (:func:`trains_further`); its
-old test record is dropped and the new best checkpoint is tested again.
+resumed under a config that lets it go on (a larger ``train.epochs``, a larger ``train.max_steps``
+while epochs remain, a larger or no ``train.patience``) trains on from its next epoch
+(:func:`stop_reason`); its old test record is dropped and the new best checkpoint is tested
+again. An epoch that the step budget cut short counts as done: to train on after it, raise
+``train.epochs`` too.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from tqdm import tqdm
 
 from seqzoo.checkpoint import join_tensors, load_tensors, resolve_checkpoint, save_checkpoint_dir, split_tensors
 from seqzoo.config import OptimConfig, RunConfig, TrainConfig, config_to_dict
-from seqzoo.data.io import atomic_write_text
+from seqzoo.data.io import atomic_write_text, read_json
 from seqzoo.plots import plot_curves
 
 __all__ = [
@@ -48,7 +50,7 @@ __all__ = [
     "build_optimizer",
     "scheduled_lr",
     "set_seed",
-    "trains_further",
+    "stop_reason",
 ]
 
 log = logging.getLogger("seqzoo")
@@ -239,7 +241,9 @@ class Trainer:
         elif self.metrics_path.exists():
             self.metrics_path.unlink()
         try:
-            while _epochs_left(self.state, cfg):
+            # An epoch in progress (a checkpoint saved mid-epoch, even at the step that spent the
+            # budget) is finished, with its dev evaluation, before the loop's condition is read.
+            while self.state["step_in_epoch"] > 0 or _epochs_left(self.state, cfg):
                 self._train_epoch()
             return self._finish()
         finally:
@@ -263,6 +267,8 @@ class Trainer:
         start, tokens_seen = time.perf_counter(), 0
         total_steps = _total_steps(cfg.train, len(batches))
         for index in range(state["step_in_epoch"], len(batches)):
+            if _budget_spent(state, cfg):
+                break
             loss, tokens, count = task.train_loss(batches[index])
             if not torch.isfinite(loss):
                 bar.close()
@@ -288,8 +294,6 @@ class Trainer:
                 self._log_progress(epoch, index + 1, len(batches), time.perf_counter() - start, tokens_seen)
             if cfg.train.checkpoint_every and state["global_step"] % cfg.train.checkpoint_every == 0:
                 self._save_last()
-            if _budget_spent(state, cfg):
-                break
         bar.close()
         seconds = time.perf_counter() - start
         self._end_epoch(epoch, seconds, tokens_seen)
@@ -375,11 +379,11 @@ class Trainer:
         return test
 
 
-def trains_further(run_dir: str | Path, config: RunConfig) -> bool:
-    """Whether resuming ``run_dir`` under ``config`` would train: its ``last/`` loop state is
-    neither stopped by ``config`` (early stopping, step budget) nor past ``config.train.epochs``."""
+def stop_reason(run_dir: str | Path, config: RunConfig) -> str | None:
+    """Why resuming ``run_dir`` under ``config`` would not train (None: it would train on from its
+    ``last/`` loop state): early stopping, the step budget or ``config.train.epochs``."""
     path = resolve_checkpoint(Path(run_dir) / "last")
-    return path is not None and _epochs_left(_read_train_state(path)["loop"], config)
+    return "no last/ checkpoint" if path is None else _stop_reason(_read_train_state(path)["loop"], config)
 
 
 def _total_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
@@ -400,14 +404,25 @@ def _budget_spent(loop: dict[str, Any], config: RunConfig) -> bool:
     return budget is not None and loop["global_step"] >= budget
 
 
+def _stop_reason(loop: dict[str, Any], config: RunConfig) -> str | None:
+    """What stops the training loop at ``loop`` under ``config`` (so a run resumed under a relaxed
+    config trains on), or None. An epoch the step budget cut short counts as done."""
+    train = config.train
+    if _patience_spent(loop, config):
+        return f"stopped early: {loop['bad_epochs']} epochs without a dev gain (train.patience {train.patience})"
+    if _budget_spent(loop, config):
+        return f"the step budget is spent ({loop['global_step']} of train.max_steps {train.max_steps})"
+    if loop["epoch"] >= train.epochs:
+        return f"all epochs are done ({loop['epoch']} of train.epochs {train.epochs})"
+    return None
+
+
 def _epochs_left(loop: dict[str, Any], config: RunConfig) -> bool:
-    """The training loop's condition: epochs left, and neither early stopping nor the step budget
-    of ``config`` stops the loop (so a run resumed under a relaxed config trains on)."""
-    return not (_patience_spent(loop, config) or _budget_spent(loop, config)) and loop["epoch"] < config.train.epochs
+    return _stop_reason(loop, config) is None
 
 
 def _read_train_state(checkpoint: Path) -> dict[str, Any]:
-    return json.loads((checkpoint / "train_state.json").read_text(encoding="utf-8"))
+    return read_json(checkpoint / "train_state.json")
 
 
 def _model_tensors(model: nn.Module) -> dict[str, Tensor]:

@@ -57,12 +57,51 @@ def test_gzip_input(tmp_path):
     assert read_semeval2014(path) == read_semeval2014(LAPTOPS)
 
 
-def test_offset_mismatch_names_file_and_sentence(tmp_path):
+def test_offset_mismatch_names_file_sentence_and_the_aspect_terms_line(tmp_path):
     path = tmp_path / "bad.xml"
     path.write_text(RESTAURANTS.read_text().replace('from="8" to="13"', 'from="9" to="13"'))
-    with pytest.raises(DataError, match=r"bad\.xml:3: sentence id=3121: aspect term 'staff' does not match") as err:
+    with pytest.raises(DataError, match=r"bad\.xml:6: sentence id=3121: aspect term 'staff' does not match") as err:
         read_semeval2014(path)
-    assert err.value.line == 3
+    assert err.value.line == 6  # the <aspectTerm>'s line, not its <sentence>'s (3)
+
+
+def test_errors_in_a_sentence_without_id_give_a_line(tmp_path):
+    path = tmp_path / "noid.xml"
+    lines = [
+        "<sentences>",
+        "  <sentence>",
+        "    <text>Good food.</text>",
+        '    <aspectTerms><aspectTerm term="food" polarity="positive" from="5" to="9"/></aspectTerms>',
+        "  </sentence>",
+        "  <sentence>",
+        "    <text>Bad wine.</text>",
+        "    <aspectTerms>",
+        '      <aspectTerm term="wine" polarity="negative" from="x" to="8"/>',
+        "    </aspectTerms>",
+        "  </sentence>",
+        "  <sentence></sentence>",
+        "</sentences>",
+    ]
+    path.write_text("\n".join(lines))
+    with pytest.raises(DataError, match=r"noid\.xml:9: sentence id=#2: aspect term 'wine': 'from' and 'to'"):
+        read_semeval2014(path)
+    path.write_text("\n".join(lines).replace('from="x"', 'from="4"'))
+    with pytest.raises(DataError, match=r"noid\.xml:12: sentence id=#3: missing <text>"):
+        read_semeval2014(path)
+
+
+def test_an_unset_environment_variable_in_the_path_is_named(tmp_path, monkeypatch):
+    monkeypatch.delenv("SEMEVAL_DIR", raising=False)
+    with pytest.raises(DataError, match=r"Train\.xml: no such file \(an environment variable .* is not set\)"):
+        read_semeval2014("$SEMEVAL_DIR/Train.xml")
+    with pytest.raises(DataError, match=r"missing\.xml: no such file$"):
+        read_semeval2014(tmp_path / "missing.xml")
+
+
+def test_a_byte_order_mark_is_not_text(tmp_path):
+    path = tmp_path / "bom.xml"
+    path.write_bytes(b"\xef\xbb\xbf" + RESTAURANTS.read_bytes())
+    assert read_semeval2014(path) == read_semeval2014(RESTAURANTS)
 
 
 def test_malformed_xml_names_file_and_line(tmp_path):

@@ -70,6 +70,19 @@ def test_empty_subset_is_a_clear_error(semeval, tmp_path):
         load_splits(cfg.data)
 
 
+def test_too_few_train_sentences_for_a_dev_set_is_a_clear_error(semeval, tmp_path):
+    one = tmp_path / "one.xml"
+    one.write_text(
+        '<sentences><sentence id="1"><text>Great food.</text><aspectTerms>'
+        '<aspectTerm term="food" polarity="positive" from="6" to="10"/></aspectTerms></sentence></sentences>'
+    )
+    cfg = load_config(CONFIGS[0], [f"data.train={one}", "data.dev=null", "data.dev_fraction=0.1"])
+    with pytest.raises(
+        DataError, match=r"one\.xml: 1 sentences are too few to hold out 10% \(no data.dev file given\)"
+    ):
+        load_splits(cfg.data)
+
+
 @pytest.mark.parametrize(("subset", "test_examples"), [("ds", 13), ("hds", 7)])
 def test_train_two_seeds_then_evaluate(semeval, tmp_path, capsys, subset, test_examples):
     config = REPO / "configs" / "absa_restaurant_capmzu_dt.yaml"

@@ -71,3 +71,19 @@ def test_bench_mzu_reports_flop_efficiency(capsys, compile_step):
 def test_bench_unknown_name_is_a_clear_error(capsys):
     assert main(["bench", "nope"]) == 2
     assert "unknown benchmark 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["encoders", "--encoders", "lstm,nope"], "unknown encoder(s) nope"),
+        (["encoders", "--shapes", "2x8"], "shapes are BxTxH of sizes >= 1"),
+        (["encoders", "--shapes", "2x0x8"], "shapes are BxTxH of sizes >= 1"),
+        (["encoders", "--repeats", "0"], "expected an integer >= 1, got 0"),
+        (["mzu", "--bptt", "x"], "expected an integer, got 'x'"),
+    ],
+)
+def test_bench_arguments_are_checked_by_the_parser(args, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", *args])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err

@@ -1,6 +1,10 @@
+import re
+
+import pytest
 import torch
 
 from seqzoo.checkpoint import join_tensors, load_tensors, resolve_checkpoint, save_checkpoint_dir, split_tensors
+from seqzoo.data.errors import DataError
 
 
 def test_split_join_round_trip():
@@ -21,3 +25,13 @@ def test_atomic_swap_and_crash_leftovers(tmp_path):
     (tmp_path / "last.tmp").mkdir()  # a half-written new checkpoint is ignored
     assert resolve_checkpoint(target) == tmp_path / "last.old"
     assert resolve_checkpoint(tmp_path / "missing") is None
+
+
+def test_a_corrupt_tensor_file_is_a_data_error_naming_it(tmp_path):
+    path = tmp_path / "model.safetensors"
+    save_checkpoint_dir(tmp_path / "ck", {"model": {"w": torch.ones(64)}}, {})
+    whole = (tmp_path / "ck" / "model.safetensors").read_bytes()
+    for data in (whole[: len(whole) // 2], b""):
+        path.write_bytes(data)
+        with pytest.raises(DataError, match=rf"^{re.escape(str(path))}: corrupt or truncated safetensors file"):
+            load_tensors(path)

@@ -26,7 +26,10 @@ def test_lm_task_selects_lm_data_config():
         ("train.seeds=3", "train.seeds: expected a list"),
         ("train.epochs=true", "train.epochs: expected int"),
         ("task=nope", "task: 'nope' is not one of"),
+        ("task=[1]", r"task: \[1\] is not one of"),
         ("noequals", "not of the form key=value"),
+        ("train.seeds=[1,2", r"override train\.seeds: invalid YAML value '\[1,2'"),
+        ("train.seeds=[1,1]", r"train\.seeds: each seed once"),
     ],
 )
 def test_bad_values_name_the_key(override, message):
@@ -70,4 +73,7 @@ def test_errors_name_the_file(tmp_path):
         load_config(path)
     path.write_text("train: [unclosed\n")
     with pytest.raises(ConfigError, match=r"bad\.yaml: invalid YAML"):
+        load_config(path)
+    path.write_bytes(b"name: caf\xe9\n")  # Latin-1
+    with pytest.raises(ConfigError, match=r"bad\.yaml: not UTF-8 text \(invalid byte at offset 9\)"):
         load_config(path)

@@ -115,6 +115,19 @@ def test_missing_dev_is_held_out_stratified_and_seeded(tmp_path):
     assert "held out" in data.sources["dev"]
 
 
+def test_a_train_set_too_small_to_hold_out_dev_is_a_data_error(tmp_path):
+    (tmp_path / "few.train").write_text("pos\tgood\nneg\tbad\npos\tfine\nneg\tdull\n")
+    with pytest.raises(DataError, match=r"few\.train: no dev file and 4 examples are too few to hold out 10%"):
+        ClassificationData.from_dir(tmp_path, "few")
+
+
+def test_more_folds_than_examples_is_a_data_error(tmp_path):
+    shutil.copy(FIXTURES / "tiny.train", tmp_path / "t.train")
+    shutil.copy(FIXTURES / "tiny.dev", tmp_path / "t.dev")
+    with pytest.raises(DataError, match=r"t\.train: 10 training examples cannot make 11 folds"):
+        ClassificationData.from_dir(tmp_path, "t").folds(k=11)
+
+
 def test_holdout_split_rounds_per_label():
     examples = read_labeled(FIXTURES / "tiny.train")
     kept, held = holdout_split(examples, 0.1, seed=0)  # round(0.5) = 1 per label

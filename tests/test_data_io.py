@@ -99,3 +99,34 @@ def test_read_json_reports_line(tmp_path):
     gz = tmp_path / "good.json.gz"
     gz.write_bytes(gzip.compress(json.dumps([1, 2]).encode()))
     assert read_json(gz) == [1, 2]
+
+
+BOM = b"\xef\xbb\xbf"
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_a_byte_order_mark_at_the_start_is_not_text(tmp_path, compress):
+    path = tmp_path / ("f.txt.gz" if compress else "f.txt")
+    data = BOM + "pos\tgood\n\ufeff kept inside\n".encode()
+    path.write_bytes(gzip.compress(data) if compress else data)
+    with open_text(path) as lines:
+        assert list(lines) == ["pos\tgood\n", "\ufeff kept inside\n"]
+    (tmp_path / "j.json").write_bytes(BOM + b'{"a": 1}')
+    assert read_json(tmp_path / "j.json") == {"a": 1}
+
+
+def test_every_reader_ignores_a_byte_order_mark(tmp_path):
+    from seqzoo.data import Vocab, load_vectors, read_labeled, read_lm_tokens
+    from seqzoo.data.translation import read_lines
+
+    def write(name: str, text: str):
+        path = tmp_path / name
+        path.write_bytes(BOM + text.encode())
+        return path
+
+    assert [e.label for e in read_labeled(write("t.train", "neg\tbad\npos\tgood\n"))] == ["neg", "pos"]
+    assert read_lm_tokens(write("lm.txt", "the cat\n"), "word") == ["the", "cat", "<eos>"]
+    assert read_lm_tokens(tmp_path / "lm.txt", "char") == list("the cat\n")
+    _, stats = load_vectors(write("v.txt", "the 0.1 0.2\ncat 0.3 0.4\n"), Vocab.build([["the", "cat"]]))
+    assert stats.found == 2 and stats.oov == 0
+    assert read_lines(write("s.en", "Hello .\n")) == ["Hello ."]

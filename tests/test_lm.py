@@ -228,12 +228,28 @@ def test_sample_function_and_cli(corpus, tmp_path, capsys):
     assert capsys.readouterr().out == text + "\n"
     with pytest.raises(ValueError, match="temperature"):
         sample(task, temperature=0)
+    assert main(["sample", str(tmp_path / "r"), "--temperature", "0"]) == 2
+    assert main(["predict", str(tmp_path / "r")]) == 2  # a language model has nothing to classify
+    assert "serves classification and translation runs" in capsys.readouterr().err
 
 
 def test_missing_split_file_is_a_clear_error(corpus, tmp_path):
     (corpus / "valid.txt").unlink()
     config = make_config(corpus, tmp_path)
     with pytest.raises(DataError, match=r"no valid\.txt or valid\.txt\.gz"):
+        read_splits(config.data)
+
+
+def test_a_split_too_short_for_its_streams_is_refused_before_training(corpus, tmp_path):
+    (corpus / "test.txt").write_text("the cat .\n")  # 4 tokens with <eos>; eval_batch_size 3 needs 6
+    config = make_config(corpus, tmp_path)
+    message = r"test\.txt: 4 tokens are too few for data\.eval_batch_size=3 streams: the test split needs at least 6"
+    with pytest.raises(DataError, match=message):
+        run(config, tmp_path / "r")
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()  # refused before any training
+    (corpus / "test.txt").write_text("the cat sat .\nthe dog .\n")  # 8 tokens: enough
+    (corpus / "train.txt").write_text("the cat .\n")  # batch_size 4 needs 8
+    with pytest.raises(DataError, match=r"train\.txt: 4 tokens are too few for data\.batch_size=4 streams"):
         read_splits(config.data)
 
 

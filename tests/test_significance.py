@@ -75,6 +75,18 @@ def test_compare_command_reports_both_runs_and_the_test(tmp_path, capsys):
     assert 0.1 < records[0]["welch"]["p"] < 0.3
 
 
+def test_no_spread_on_either_side_is_valid_json_and_prints_n_a(tmp_path, capsys):
+    a = _run(tmp_path, "a", [0.90, 0.91], [0.3, 0.3])
+    b = _run(tmp_path, "b", [0.92, 0.93], [0.2, 0.2])  # test_loss: std 0 on both sides, means differ
+    assert main(["compare", str(a), str(b), "--json"]) == 0
+    out = capsys.readouterr().out
+    records = [json.loads(line, parse_constant=pytest.fail) for line in out.splitlines()]  # no Infinity/NaN
+    assert records[1]["welch"] == {"diff": pytest.approx(-0.1), "t": None, "df": None, "p": 0.0}
+    assert welch_t_test([1.0, 1.0], [1.0, 1.0]) == {"diff": 0.0, "t": 0.0, "df": None, "p": 1.0}
+    assert main(["compare", str(a), str(b)]) == 0
+    assert "; Welch t = n/a, df = n/a, p = 0\n" in capsys.readouterr().out
+
+
 def test_compare_errors_name_the_run(tmp_path, capsys):
     a = _run(tmp_path, "a", [0.9], [0.3])
     assert main(["compare", str(a), str(tmp_path / "missing")]) == 2

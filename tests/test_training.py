@@ -163,15 +163,17 @@ def test_nan_loss_stops_with_message_and_keeps_checkpoint(toy_corpus, tmp_path, 
 _KILLER = """
 import os, signal, sys
 from seqzoo.tasks import classification
-calls = 0
-original = classification.ClassificationTask.train_loss
-def train_loss(self, batch):
-    global calls
-    calls += 1
-    if calls == int(os.environ["KILL_AT"]):
-        os.kill(os.getpid(), signal.SIGKILL)
-    return original(self, batch)
-classification.ClassificationTask.train_loss = train_loss
+calls = {"train_loss": 0, "evaluate": 0}
+def killing(name, variable):
+    original = getattr(classification.ClassificationTask, name)
+    def method(self, *args):
+        calls[name] += 1
+        if calls[name] == int(os.environ.get(variable, "0")):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original(self, *args)
+    setattr(classification.ClassificationTask, name, method)
+killing("train_loss", "KILL_AT")
+killing("evaluate", "KILL_AT_EVALUATION")
 from seqzoo.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -205,6 +207,83 @@ def test_resume_after_sigkill_reproduces_uninterrupted_run(toy_corpus, tmp_path,
 
         a, b = load_file(tmp_path / "killed" / name), load_file(tmp_path / "clean" / name)
         assert all(torch.equal(a[k], b[k]) for k in a), name
+
+
+def test_resume_after_sigkill_at_the_step_that_spent_the_budget(toy_corpus, tmp_path):
+    """The checkpoint of the budget's last step is saved before that epoch's dev evaluation; a run
+    killed in between must evaluate the epoch when resumed (it used to find no best/ and fail)."""
+    config = _config_yaml(toy_corpus, tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    base = [sys.executable, "-c", _KILLER, "train", str(config), "--set", "train.threads=1"]
+    base += ["--set", "train.max_steps=40"]  # 30 steps per epoch, checkpoints every 10: one at step 40
+    killed = subprocess.run(  # evaluations: epoch 1's dev, then the cut epoch 2's dev
+        [*base, "--run-dir", str(tmp_path / "killed")], env={**env, "KILL_AT_EVALUATION": "2"}, capture_output=True
+    )
+    assert killed.returncode == -signal.SIGKILL
+    state = json.loads((tmp_path / "killed/last/train_state.json").read_text())["loop"]
+    assert (state["epoch"], state["step_in_epoch"], state["global_step"]) == (1, 10, 40)
+    for run_dir, args in ((tmp_path / "killed", ["--resume"]), (tmp_path / "clean", ["--run-dir"])):
+        done = subprocess.run([*base, *args, str(run_dir)], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    assert [r["event"] for r in _records(tmp_path / "killed")] == ["epoch", "epoch", "test"]
+    assert _records(tmp_path / "killed") == _records(tmp_path / "clean")
+
+
+def test_resume_with_a_larger_step_budget_needs_epochs_left(toy_corpus, tmp_path, caplog):
+    """An epoch the budget cut short counts as done: a larger budget alone trains nothing and says why."""
+    config = str(_config_yaml(toy_corpus, tmp_path))
+    run_dir = tmp_path / "r"
+    assert (
+        main(["train", config, "--run-dir", str(run_dir), "--set", "train.epochs=1", "--set", "train.max_steps=20"])
+        == 0
+    )
+    before = (run_dir / "metrics.jsonl").read_text()
+    with caplog.at_level("INFO", logger="seqzoo"):
+        assert main(["train", "--resume", str(run_dir), "--set", "train.max_steps=40"]) == 0
+    assert (run_dir / "metrics.jsonl").read_text() == before
+    assert "all epochs are done (1 of train.epochs 1)" in caplog.text
+    assert main(["train", "--resume", str(run_dir), "--set", "train.max_steps=40", "--set", "train.epochs=2"]) == 0
+    assert [r["event"] for r in _records(run_dir)] == ["epoch", "epoch", "test"]
+    state = json.loads((run_dir / "last/train_state.json").read_text())["loop"]
+    assert (state["epoch"], state["global_step"]) == (2, 40)
+
+
+def test_resume_refuses_changes_to_what_the_checkpoints_were_trained_with(toy_corpus, tmp_path, capsys):
+    config = str(_config_yaml(toy_corpus, tmp_path))
+    run_dir = tmp_path / "r"
+    assert main(["train", config, "--run-dir", str(run_dir), "--set", "train.epochs=1"]) == 0
+    stored = (run_dir / "config.yaml").read_text()
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_dir), "--set", "model.encoder_args.hidden_size=32"]) == 2
+    assert "--resume cannot change model.encoder_args.hidden_size (12 -> 32)" in capsys.readouterr().err
+    assert (run_dir / "config.yaml").read_text() == stored  # the run can still be resumed as it was
+    assert main(["train", config, "--run-dir", str(run_dir)]) == 2  # a new run may not mix into it
+    assert "is not empty" in capsys.readouterr().err
+
+
+def test_a_metrics_line_cut_short_is_no_record(tmp_path):
+    from seqzoo.data.errors import DataError
+    from seqzoo.runner import completed_test_record
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"event": "epoch"}\n{"event": "te')  # SIGKILL while writing the test record
+    assert completed_test_record(tmp_path) is None
+    path.write_text('{"event": "ep\n{"event": "test"}\n')
+    with pytest.raises(DataError, match=r"metrics.jsonl:1: invalid JSON"):
+        completed_test_record(tmp_path)
+
+
+def test_model_arguments_the_encoder_refuses_are_config_errors(toy_corpus, tmp_path, capsys):
+    config = str(_config_yaml(toy_corpus, tmp_path))
+    for number, (override, message) in enumerate(
+        (
+            ("model.encoder=nope", "model: unknown encoder 'nope'"),
+            ("model.encoder_args.bogus=1", "model: encoder 'lstm': "),
+            ("model.encoder=transformer", "model: the Transformer has no bidirectional option"),
+        )
+    ):
+        assert main(["train", config, "--run-dir", str(tmp_path / str(number)), "--set", override]) == 2
+        assert message in capsys.readouterr().err
 
 
 def test_resume_with_a_larger_epoch_budget_trains_on(toy_corpus, tmp_path):

@@ -24,7 +24,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from seqzoo.base import build_encoder
+from seqzoo.base import available_encoders, build_encoder
+from seqzoo.bench import positive_int
 from seqzoo.kernels import pool_backend
 from seqzoo.kernels.qrnn_pool import _Kernel
 from seqzoo.qrnn import QRNN
@@ -34,12 +35,26 @@ __all__ = ["main"]
 DEFAULT_SHAPES = "8x512x512,32x128x512,128x32x512"
 
 
-def _parse_shape(text: str) -> tuple[int, int, int]:
-    try:
-        batch, seq_len, hidden = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"shape must be BxTxH, e.g. 8x512x512, got {text!r}") from None
-    return batch, seq_len, hidden
+def _parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    """``--shapes``: comma-separated BxTxH, each size >= 1."""
+    shapes = []
+    for item in text.split(","):
+        try:
+            batch, seq_len, hidden = (positive_int(v) for v in item.lower().split("x"))
+        except (ValueError, argparse.ArgumentTypeError):
+            raise argparse.ArgumentTypeError(f"shapes are BxTxH of sizes >= 1, e.g. 8x512x512; got {item!r}") from None
+        shapes.append((batch, seq_len, hidden))
+    return shapes
+
+
+def _parse_encoders(text: str) -> list[str]:
+    """``--encoders``: comma-separated registered encoder names, or sru."""
+    names = [e.strip() for e in text.split(",") if e.strip()]
+    unknown = sorted(set(names) - {*available_encoders(), "sru"})
+    if unknown or not names:
+        known = ", ".join([*available_encoders(), "sru"])
+        raise argparse.ArgumentTypeError(f"unknown encoder(s) {', '.join(unknown) or '(none given)'}; known: {known}")
+    return names
 
 
 def _build(name: str, hidden: int, window: int, pooling: str) -> nn.Module:
@@ -208,27 +223,31 @@ def _table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="seqzoo bench encoders", description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--encoders", default="lstm,gru,qrnn,sru", help="comma-separated; sru is skipped if not installed"
+        "--encoders",
+        type=_parse_encoders,
+        default="lstm,gru,qrnn,sru",
+        help="comma-separated; sru is skipped if not installed",
     )
-    parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma-separated BxTxH (input size = H)")
+    parser.add_argument(
+        "--shapes", type=_parse_shapes, default=DEFAULT_SHAPES, help="comma-separated BxTxH (input size = H)"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
-    parser.add_argument("--qrnn-window", type=int, default=1, help="QRNN filter width k (default 1)")
+    parser.add_argument("--qrnn-window", type=positive_int, default=1, help="QRNN filter width k (default 1)")
     parser.add_argument("--qrnn-pooling", choices=("f", "fo", "ifo"), default="fo", help="QRNN pooling (default fo)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (median reported)")
+    parser.add_argument("--repeats", type=positive_int, default=5, help="timed runs per measurement (median)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed runs first")
-    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
+    parser.add_argument("--threads", type=positive_int, default=2, help="torch.set_num_threads (default 2)")
     args = parser.parse_args(argv)
-    encoders = [e.strip() for e in args.encoders.split(",") if e.strip()]
+    encoders = args.encoders
     if "sru" in encoders:
         try:
             import sru  # noqa: F401
         except ImportError:
             print("sru is not installed (pip install 'seqzoo[bench]'); skipping it", file=sys.stderr)
             encoders.remove("sru")
-    shapes = [_parse_shape(s) for s in args.shapes.split(",")]
     torch.set_num_threads(args.threads)
     rows = []
-    for shape in shapes:
+    for shape in args.shapes:
         for row in measure(
             encoders, shape, args.repeats, args.warmup, args.qrnn_window, args.threads, args.qrnn_pooling
         ):

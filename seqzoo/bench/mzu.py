@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from seqzoo.base import Encoder, detach_state
+from seqzoo.bench import positive_int
 from seqzoo.dtgru import DeepTransitionGRU
 from seqzoo.mzu import MZU
 from seqzoo.recurrent import compile_failure
@@ -127,11 +128,11 @@ def _time_training(lm: _CharLM, batch: int, bptt: int, repeats: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="seqzoo bench mzu", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--bptt", type=int, default=150, help="the paper's 150 needs ~15 GB of RAM")
-    parser.add_argument("--repeats", type=int, default=2, help="timed training steps per model (median)")
+    parser.add_argument("--batch", type=positive_int, default=256)
+    parser.add_argument("--bptt", type=positive_int, default=150, help="the paper's 150 needs ~15 GB of RAM")
+    parser.add_argument("--repeats", type=positive_int, default=2, help="timed training steps per model (median)")
     parser.add_argument("--composition", choices=["sat", "gcn", "cap"], default="cap")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--compile-step", action="store_true", help="the recurrent steps through torch.compile")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     args = parser.parse_args(argv)

@@ -29,9 +29,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
+from xml.parsers import expat
 
 from seqzoo.data.errors import DataError
-from seqzoo.data.io import PathLike, read_text
+from seqzoo.data.io import PathLike, read_text, unset_variable_hint
 
 __all__ = ["POLARITIES", "AspectExample", "hard_subset", "hold_out_sentences", "read_semeval2014"]
 
@@ -54,19 +55,19 @@ class AspectExample:
 def read_semeval2014(path: PathLike) -> list[AspectExample]:
     """All (sentence, aspect term) examples of a SemEval-2014 Task 4 file, in file order (DS)."""
     path = Path(path)
-    content = read_text(path)
     try:
-        root = ET.fromstring(content)
-    except ET.ParseError as err:
-        raise DataError(f"malformed XML: {err}", path, err.position[0]) from None
+        content = read_text(path)
+    except FileNotFoundError:
+        raise DataError(f"no such file{unset_variable_hint(path)}", path) from None
+    root, lines = _parse_xml(content, path)
     if root.tag != "sentences":
-        raise DataError(f"root element must be <sentences>, got <{root.tag}>", path, 1)
+        raise DataError(f"root element must be <sentences>, got <{root.tag}>", path, lines[root])
     examples = []
     for index, sentence in enumerate(root.iter("sentence")):
         sid = sentence.get("id", f"#{index + 1}")
 
-        def error(message: str, sid: str = sid) -> DataError:
-            return DataError(f"sentence id={sid}: {message}", path, _line_of(content, sid))
+        def error(message: str, element: ET.Element = sentence, sid: str = sid) -> DataError:
+            return DataError(f"sentence id={sid}: {message}", path, lines[element])
 
         text = sentence.findtext("text")
         if text is None:
@@ -76,11 +77,12 @@ def read_semeval2014(path: PathLike) -> list[AspectExample]:
             try:
                 start, end = int(term.get("from", "")), int(term.get("to", ""))
             except ValueError:
-                raise error(f"aspect term {aspect!r}: 'from' and 'to' must be integers") from None
+                raise error(f"aspect term {aspect!r}: 'from' and 'to' must be integers", term) from None
             if aspect is None or polarity not in POLARITIES:
-                raise error(f"aspect term {aspect!r}: needs 'term' and a polarity in {POLARITIES}, got {polarity!r}")
+                message = f"aspect term {aspect!r}: needs 'term' and a polarity in {POLARITIES}, got {polarity!r}"
+                raise error(message, term)
             if text[start:end] != aspect:
-                raise error(f"aspect term {aspect!r} does not match text[{start}:{end}] = {text[start:end]!r}")
+                raise error(f"aspect term {aspect!r} does not match text[{start}:{end}] = {text[start:end]!r}", term)
             examples.append(AspectExample(sid, index, text, aspect, start, end, polarity))
     return examples
 
@@ -113,7 +115,21 @@ def hold_out_sentences(
     return [e for e in examples if e.index not in held], [e for e in examples if e.index in held]
 
 
-def _line_of(content: str, sentence_id: str) -> int | None:
-    """1-based line of ``<sentence id="...">`` in the raw file, if it can be found."""
-    pos = content.find(f'id="{sentence_id}"')
-    return None if pos < 0 else content.count("\n", 0, pos) + 1
+def _parse_xml(content: str, path: Path) -> tuple[ET.Element, dict[ET.Element, int]]:
+    """The element tree of ``content`` and the 1-based line on which each element starts."""
+    builder = ET.TreeBuilder()
+    parser = expat.ParserCreate()
+    parser.buffer_text = True
+    lines: dict[ET.Element, int] = {}
+
+    def start(tag: str, attrs: dict[str, str]) -> None:
+        lines[builder.start(tag, attrs)] = parser.CurrentLineNumber
+
+    parser.StartElementHandler = start
+    parser.EndElementHandler = builder.end
+    parser.CharacterDataHandler = builder.data
+    try:
+        parser.Parse(content, True)
+    except expat.ExpatError as err:
+        raise DataError(f"malformed XML: {err}", path, err.lineno) from None
+    return builder.close(), lines

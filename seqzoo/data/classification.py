@@ -246,7 +246,10 @@ class ClassificationData:
             for ex in examples or ():
                 labels.encode(ex.label, ex.path, ex.line)
         if dev is None:
-            splits["train"], splits["dev"] = holdout_split(train_examples, dev_fraction, seed)
+            try:
+                splits["train"], splits["dev"] = holdout_split(train_examples, dev_fraction, seed)
+            except ValueError as err:
+                raise DataError(f"no dev file and {err}", train) from None
             sources["dev"] = f"{dev_fraction:.0%} of {train} held out (stratified, seed {seed})"
         return cls(
             task or Path(train).name.split(".")[0], splits["train"], splits["dev"], splits["test"], labels, sources
@@ -259,7 +262,12 @@ class ClassificationData:
         """
         if self.test is not None:
             raise ValueError(f"task {self.task!r} has a test split; k-fold cross-validation is for tasks without one")
-        splits = kfold_splits(len(self.train), k, seed, [ex.label for ex in self.train])
+        try:
+            splits = kfold_splits(len(self.train), k, seed, [ex.label for ex in self.train])
+        except ValueError as err:
+            raise DataError(
+                f"{len(self.train)} training examples cannot make {k} folds ({err})", self.sources["train"]
+            ) from None
         return [
             replace(
                 self,

@@ -1,8 +1,9 @@
 """File primitives shared by every reader and writer of seqzoo.
 
 Reading: :func:`open_text` yields the lines of a UTF-8 text file, transparently gunzipping
-files whose name ends in ``.gz``, and knows the current line number so that every reader
-reports malformed input the same way (:meth:`LineReader.error`).
+files whose name ends in ``.gz`` and dropping a byte-order mark at its start, and knows the
+current line number so that every reader reports malformed input the same way
+(:meth:`LineReader.error`).
 
 Writing: :func:`atomic_write_text` / :func:`atomic_write_bytes` / :func:`write_json` write to a
 temporary file in the destination directory, fsync it and ``os.replace`` it over the target,
@@ -11,6 +12,7 @@ so a crash or an exception never leaves a half-written file: the old file stays 
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import json
 import os
@@ -32,6 +34,7 @@ __all__ = [
     "read_json",
     "read_text",
     "require_file",
+    "unset_variable_hint",
     "write_json",
 ]
 
@@ -47,7 +50,7 @@ class LineReader:
     Each item is one line *with* its terminator (``"\\n"``; the last line may lack one), so
     character-level readers see every character. :attr:`line` is the 1-based number of the
     line last yielded (0 before the first), and :meth:`error` builds a :class:`DataError`
-    pointing at it.
+    pointing at it. A UTF-8 byte-order mark at the start of the file is not part of the text.
     """
 
     def __init__(self, path: PathLike) -> None:
@@ -66,6 +69,8 @@ class LineReader:
         if not raw:
             raise StopIteration
         self.line += 1
+        if self.line == 1 and raw.startswith(codecs.BOM_UTF8):
+            raw = raw[len(codecs.BOM_UTF8) :]
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError as err:
@@ -100,9 +105,13 @@ def require_file(directory: PathLike, name: str) -> Path:
     """:func:`find_file`, or a :class:`DataError` naming the missing file."""
     path = find_file(directory, name)
     if path is None:
-        hint = " (an environment variable in the data directory is not set)" if "$" in str(directory) else ""
-        raise DataError(f"no {name} or {name}.gz{hint}", directory)
+        raise DataError(f"no {name} or {name}.gz{unset_variable_hint(directory)}", directory)
     return path
+
+
+def unset_variable_hint(path: PathLike) -> str:
+    """A note for a path that still holds ``$NAME`` (an environment variable that was not set), else ""."""
+    return " (an environment variable in the data directory is not set)" if "$" in str(path) else ""
 
 
 def open_text(path: PathLike) -> LineReader:

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqzoo.base import build_encoder
-from seqzoo.config import ABSADataConfig, RunConfig
+from seqzoo.config import ABSADataConfig, RunConfig, names_config_errors
 from seqzoo.data.absa import POLARITIES, AspectExample, hard_subset, hold_out_sentences, read_semeval2014
 from seqzoo.data.batching import bucket_batches, pad_batch
 from seqzoo.data.errors import DataError
@@ -130,7 +130,10 @@ def load_splits(cfg: ABSADataConfig) -> dict[str, list[AspectExample]]:
     if cfg.dev:
         dev = read_semeval2014(cfg.dev)
     else:
-        train, dev = hold_out_sentences(train, cfg.dev_fraction, cfg.dev_seed)
+        try:
+            train, dev = hold_out_sentences(train, cfg.dev_fraction, cfg.dev_seed)
+        except ValueError as err:  # too few sentences to hold out a dev set
+            raise DataError(f"{err} (no data.dev file given)", cfg.train) from None
     splits = {"train": train, "dev": dev, "test": read_semeval2014(cfg.test)}
     if cfg.subset == "hds":
         splits["dev"], splits["test"] = hard_subset(splits["dev"]), hard_subset(splits["test"])
@@ -169,10 +172,11 @@ class ABSATask:
         self.encoded = {name: encode_examples(examples, vocab, self.tokenizer) for name, examples in splits.items()}
         dim, vectors = pretrained_vectors(data.embeddings, self.vocab, data.embedding_dim, embedding_dim)
         model = config.model
-        self.model = AspectSentimentClassifier(
-            len(self.vocab), dim, model.encoder, model.encoder_args, dropout=model.dropout,
-            embedding_dropout=model.embedding_dropout, pooler=model.pooler,
-        )  # fmt: skip
+        with names_config_errors("model"):
+            self.model = AspectSentimentClassifier(
+                len(self.vocab), dim, model.encoder, model.encoder_args, dropout=model.dropout,
+                embedding_dropout=model.embedding_dropout, pooler=model.pooler,
+            )  # fmt: skip
         if vectors is not None:
             with torch.no_grad():
                 self.model.embedding.weight.copy_(vectors)

@@ -16,9 +16,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqzoo.base import build_encoder
-from seqzoo.config import ClassificationDataConfig, ModelConfig, RunConfig
+from seqzoo.config import ClassificationDataConfig, ModelConfig, RunConfig, names_config_errors
 from seqzoo.data.batching import bucket_batches, pad_batch
 from seqzoo.data.classification import ClassificationData, LabeledText, LabelSet, bundled_corpus_dir
+from seqzoo.data.errors import DataError
 from seqzoo.data.text import Tokenizer, Vocab
 from seqzoo.poolers import build_pooler
 from seqzoo.tasks.common import accuracy_and_loss, epoch_seed, pretrained_vectors
@@ -87,7 +88,7 @@ class ClassificationTask:
         data: ClassificationDataConfig = config.data
         self.tokenizer = tokenizer or Tokenizer(lowercase=data.lowercase, split_hyphens=data.split_hyphens)
         tokens = {name: [self._tokens(ex.text) for ex in split] for name, split in splits.items()}
-        self.vocab = vocab or Vocab.build(tokens["train"], min_freq=data.min_freq, max_size=data.max_vocab)
+        self.vocab = vocab or self._build_vocab(tokens["train"])
         self.labels = labels or LabelSet(ex.label for ex in splits["train"])
         self.splits = {
             name: _Split(
@@ -97,10 +98,15 @@ class ClassificationTask:
             for name, split in splits.items()
         }
         dim, vectors = pretrained_vectors(data.embeddings, self.vocab, data.embedding_dim, embedding_dim)
-        self.model = TextClassifier(len(self.vocab), dim, len(self.labels), config.model, data.freeze_embeddings)
+        with names_config_errors("model"):
+            self.model = TextClassifier(len(self.vocab), dim, len(self.labels), config.model, data.freeze_embeddings)
         if vectors is not None:
             with torch.no_grad():
                 self.model.embedding.weight.copy_(vectors)
+
+    def _build_vocab(self, train_tokens: list[list[str]]) -> Vocab:
+        data: ClassificationDataConfig = self.config.data
+        return Vocab.build(train_tokens, min_freq=data.min_freq, max_size=data.max_vocab)
 
     def _tokens(self, text: str) -> list[str]:
         tokens = self.tokenizer(text)
@@ -157,29 +163,56 @@ class ClassificationTask:
 
 
 def build_tasks(config: RunConfig) -> list[tuple[str, ClassificationTask]]:
-    """One task per fold: ``[("", task)]`` with a test split, else ``[("fold-1", ...), ...]``."""
+    """One task per fold: ``[("", task)]`` with a test split, else ``[("fold-1", ...), ...]`` (:func:`_fold_name`)."""
     data = load_data(config.data, config.train.seed)
     if data.test is not None:
         return [("", ClassificationTask(config, _splits(data), labels=data.labels))]
     return [
-        (f"fold-{f + 1}", ClassificationTask(config, _splits(fold), labels=data.labels))
+        (_fold_name(f), ClassificationTask(config, _splits(fold), labels=data.labels))
         for f, fold in enumerate(data.folds(config.data.folds, seed=config.train.seed))
     ]
+
+
+def _fold_name(index: int) -> str:
+    """The sub-run directory of fold ``index`` (0-based) of a cross-validated run."""
+    return f"fold-{index + 1}"
 
 
 def _splits(data: ClassificationData) -> dict[str, list[LabeledText]]:
     return {"train": data.train, "dev": data.dev, "test": data.test}
 
 
+def _fold_of(data: ClassificationData, config: RunConfig, sub_run: Path) -> ClassificationData | None:
+    """The fold that ``sub_run`` (``fold-N``) of a cross-validated run was trained and tested on
+    (test: its held-out fold, train: the other folds, dev as in training); None with a test split."""
+    if data.test is not None:
+        return None
+    names = [_fold_name(f) for f in range(config.data.folds)]
+    if sub_run.name not in names:
+        raise DataError(
+            f"the data has no test split, so the run was cross-validated in {len(names)} folds, but {sub_run} "
+            f"is not one of its fold directories ({names[0]} .. {names[-1]}): its held-out fold cannot be rebuilt",
+            data.sources["train"],
+        )
+    return data.folds(config.data.folds, seed=config.train.seed)[names.index(sub_run.name)]
+
+
 def load_trained(config: RunConfig, best: Path, with_data: bool = True) -> ClassificationTask:
-    """Rebuild a trained classifier from a ``best/`` checkpoint directory."""
+    """Rebuild a trained classifier from a ``best/`` checkpoint directory.
+
+    A fold of a cross-validated run gets that fold's splits back (see :func:`_fold_of`); if the
+    fold's training split no longer gives the vocabulary the model was trained with (the data
+    changed), its held-out fold cannot be trusted and a :class:`DataError` says so.
+    """
     from seqzoo.checkpoint import load_tensors
     from seqzoo.data.io import read_json
 
     splits: dict[str, list[LabeledText]] = {}
+    fold: ClassificationData | None = None
     if with_data:
-        loaded = _splits(load_data(config.data, config.train.seed))
-        splits = {name: split for name, split in loaded.items() if split is not None}
+        data = load_data(config.data, config.train.seed)
+        fold = _fold_of(data, config, best.parent)
+        splits = {name: split for name, split in _splits(fold or data).items() if split is not None}
     weights = load_tensors(best / "model.safetensors")
     task = ClassificationTask(
         config,
@@ -189,5 +222,11 @@ def load_trained(config: RunConfig, best: Path, with_data: bool = True) -> Class
         tokenizer=Tokenizer.from_dict(read_json(best / "tokenizer.json")),
         embedding_dim=weights["embedding.weight"].shape[1],  # the vectors' size, not data.embedding_dim
     )
+    if fold is not None and task._build_vocab([task._tokens(ex.text) for ex in fold.train]) != task.vocab:
+        raise DataError(
+            f"{best.parent.name} rebuilt from this data does not give the vocabulary its model was trained with "
+            "(the data changed since training?): its held-out fold cannot be rebuilt",
+            fold.sources["train"],
+        )
     task.model.load_state_dict(weights)
     return task

@@ -31,7 +31,7 @@ from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from seqzoo.base import State, build_encoder, detach_state
-from seqzoo.config import LMDataConfig, ModelConfig, RunConfig
+from seqzoo.config import LMDataConfig, ModelConfig, RunConfig, names_config_errors
 from seqzoo.data.errors import DataError
 from seqzoo.data.io import require_file
 from seqzoo.data.lm import EOS, batchify, build_lm_vocab, read_lm_tokens, tbptt_batches
@@ -94,13 +94,27 @@ class LanguageModel(nn.Module):
 
 
 def read_splits(cfg: LMDataConfig) -> dict[str, list[str]]:
-    """The token streams of train, dev (``valid.txt``) and test, at ``cfg.level``."""
+    """The token streams of train, dev (``valid.txt``) and test, at ``cfg.level``.
+
+    Each stream must fill its parallel rows (``data.batch_size`` for train, ``data.eval_batch_size``
+    for dev and test) with at least 2 tokens each, or no token would be a target: a
+    :class:`DataError` naming the file says so before any training.
+    """
     if not cfg.data_dir:
         raise DataError("data.data_dir is not set: a language model needs {train,valid,test}.txt[.gz]")
-    return {
-        split: read_lm_tokens(require_file(cfg.data_dir, f"{stem}.txt"), cfg.level)
-        for split, stem in SPLIT_FILES.items()
-    }
+    splits = {}
+    for split, stem in SPLIT_FILES.items():
+        path = require_file(cfg.data_dir, f"{stem}.txt")
+        splits[split] = read_lm_tokens(path, cfg.level)
+        key = "batch_size" if split == "train" else "eval_batch_size"
+        rows = getattr(cfg, key)
+        if len(splits[split]) < 2 * rows:
+            raise DataError(
+                f"{len(splits[split])} tokens are too few for data.{key}={rows} streams: "
+                f"the {split} split needs at least {2 * rows} (2 per stream)",
+                path,
+            )
+    return splits
 
 
 class LMTask:
@@ -123,7 +137,8 @@ class LMTask:
         #: The token that ends a line: ``<eos>`` or ``"\n"`` (None for single-line char corpora like text8).
         line_end = EOS if self.level == "word" else "\n"
         self.line_end_id = self.vocab.token_to_id(line_end) if line_end in self.vocab else None
-        self.model = LanguageModel(len(self.vocab), data.embedding_dim, config.model)
+        with names_config_errors("model"):
+            self.model = LanguageModel(len(self.vocab), data.embedding_dim, config.model)
         train = self.ids.get("train")
         self._chunks = [] if train is None else tbptt_batches(batchify(train, data.batch_size), data.bptt)
         self._state: State = None  # carried across training windows

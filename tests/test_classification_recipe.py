@@ -1,0 +1,64 @@
+"""The classification recipe's cross-validated runs: evaluating a fold uses that fold's own splits."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import write_sentiment_corpus
+
+from seqzoo.cli import main
+from seqzoo.config import config_from_dict
+from seqzoo.data.errors import DataError
+from seqzoo.runner import load_task, run
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def _kfold_run(tmp_path: Path) -> Path:
+    """A 2-fold run on a corpus with train and dev but no test split (one epoch, tiny model)."""
+    data_dir = write_sentiment_corpus(tmp_path / "data", sizes=(40, 10, 1))
+    (data_dir / "toy.test").unlink()
+    config = config_from_dict(
+        {
+            "name": "toy",
+            "data": {"name": "toy", "data_dir": str(data_dir), "embedding_dim": 8, "min_freq": 1, "folds": 2},
+            "model": {"encoder": "gru", "encoder_args": {"hidden_size": 8}},
+            "train": {"epochs": 1, "batch_size": 8, "patience": None, "seed": 3, "progress": False},
+        }
+    )
+    run(config, tmp_path / "kf")
+    return tmp_path / "kf"
+
+
+def _test_record(sub_run: Path) -> dict:
+    lines = (sub_run / "metrics.jsonl").read_text().splitlines()
+    return next(r for r in map(json.loads, lines) if r["event"] == "test")
+
+
+def test_evaluating_a_fold_uses_its_own_held_out_fold(tmp_path, capsys):
+    run_dir = _kfold_run(tmp_path)
+    for fold in ("fold-1", "fold-2"):
+        task = load_task(run_dir / fold)
+        sizes = {name: len(split.labels) for name, split in task.splits.items()}
+        assert sizes == {"train": 20, "dev": 10, "test": 20}  # train = the other fold, not all 40
+        assert task.evaluate("test")["accuracy"] == _test_record(run_dir / fold)["test_accuracy"]
+    assert main(["evaluate", str(run_dir)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [json.loads(line)["accuracy"] for line in out[:2]] == [
+        _test_record(run_dir / f"fold-{f}")["test_accuracy"] for f in (1, 2)
+    ]
+    assert main(["evaluate", str(run_dir), "--split", "train"]) == 0
+
+
+def test_a_fold_that_cannot_be_rebuilt_is_a_data_error(tmp_path, capsys):
+    run_dir = _kfold_run(tmp_path)
+    shutil.copytree(run_dir / "fold-1", tmp_path / "renamed")
+    with pytest.raises(
+        DataError, match=r"toy\.train: .*renamed is not one of its fold directories \(fold-1 .. fold-2\)"
+    ):
+        load_task(tmp_path / "renamed")
+    train = tmp_path / "data" / "toy.train"
+    train.write_text(train.read_text().replace("film", "picture"))  # the data changed since training
+    assert main(["evaluate", str(run_dir / "fold-2")]) == 2
+    assert "fold-2 rebuilt from this data does not give the vocabulary" in capsys.readouterr().err
