@@ -21,6 +21,7 @@ return it from :meth:`Encoder.auxiliary_loss`; trainers add it to the task loss.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,7 @@ __all__ = [
     "State",
     "available_encoders",
     "build_encoder",
+    "check_arguments",
     "check_mask",
     "detach_state",
     "lengths_from_mask",
@@ -140,13 +142,26 @@ def available_encoders() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def build_encoder(name: str, input_size: int, **kwargs: Any) -> Encoder:
-    """Build a registered encoder, e.g. ``build_encoder("lstm", 50, hidden_size=128, bidirectional=True)``."""
+def check_arguments(target: Callable[..., Any], what: str, *args: Any, **kwargs: Any) -> None:
+    """A ``ValueError`` naming ``what`` unless ``target`` takes these arguments (none unknown or missing)."""
+    params = inspect.signature(target).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        unknown = [key for key in kwargs if key not in params]
+        if unknown:
+            takes = ", ".join(p for p in params if p not in ("self", "input_size"))
+            raise ValueError(f"{what} takes no argument {', '.join(unknown)} (it takes {takes})")
     try:
-        cls = _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown encoder {name!r}; available: {', '.join(available_encoders())}") from None
-    try:
-        return cls(input_size=input_size, **kwargs)
+        inspect.signature(target).bind(*args, **kwargs)
     except TypeError as err:
-        raise TypeError(f"encoder {name!r}: {err}") from None
+        raise ValueError(f"{what}: {err}") from None
+
+
+def build_encoder(name: str, input_size: int, **kwargs: Any) -> Encoder:
+    """Build a registered encoder, e.g. ``build_encoder("lstm", 50, hidden_size=128, bidirectional=True)``.
+
+    An unknown name or argument is a ``ValueError`` that names it, raised before anything is built.
+    """
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown encoder {name!r}; available: {', '.join(available_encoders())}")
+    check_arguments(_REGISTRY[name], f"encoder {name!r}", input_size=input_size, **kwargs)
+    return _REGISTRY[name](input_size=input_size, **kwargs)

@@ -6,6 +6,7 @@ import argparse
 import importlib
 import json
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,11 @@ __all__ = ["main"]
 log = logging.getLogger("seqzoo")
 
 DEFAULT_CONFIG = Path(__file__).with_name("configs") / "default.yaml"
-#: What a resumed run keeps: its checkpoints were trained with these (a resume may change the
-#: rest: the epoch and step budgets, patience, the optimiser's schedule, threads, logging).
-FIXED_ON_RESUME = ("task", "data", "model", "train.batch_size", "train.seed")
+#: What a resumed run keeps once it has trained: its checkpoints depend on these (a resume may
+#: change the rest: the epoch and step budgets, patience, the optimiser's schedule, threads,
+#: logging). Data paths may move (:data:`DATA_PATHS`); seeds may only be added (:func:`_seed_list`).
+FIXED_ON_RESUME = ("task", "data", "model", "train.batch_size")
+DATA_PATHS = ("data.data_dir", "data.train", "data.dev", "data.test", "data.embeddings")
 
 
 def _new_run_dir(output_dir: str, name: str) -> Path:
@@ -40,12 +43,15 @@ def _train(args: argparse.Namespace) -> int:
         if not stored.exists():
             raise ConfigError(f"{run_dir}: not a run directory (no config.yaml)")
         config = load_config(stored, args.set)
-        _refuse_changes_on_resume(load_config(stored), config, stored)
+        if _has_trained(run_dir):
+            _refuse_changes_on_resume(load_config(stored), config, stored)
     else:
         config = load_config(args.config or DEFAULT_CONFIG, args.set)
         run_dir = Path(args.run_dir) if args.run_dir else _new_run_dir(config.output_dir, config.name)
-        if run_dir.is_dir() and any(run_dir.iterdir()):
-            raise ConfigError(f"{run_dir} is not empty: resume its run (--resume {run_dir}) or pick another --run-dir")
+        if _has_trained(run_dir):
+            raise ConfigError(
+                f"{run_dir} holds a trained run: resume it (--resume {run_dir}) or pick another --run-dir"
+            )
     try:
         summary = run(config, run_dir, resume=bool(args.resume))
     except KeyboardInterrupt:
@@ -67,16 +73,33 @@ def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def _has_trained(run_dir: Path) -> bool:
+    """``run_dir`` holds a checkpoint or metrics (a run that failed before either can start again)."""
+    return run_dir.is_dir() and any(p.name == "metrics.jsonl" or p.name.startswith("last") for p in run_dir.rglob("*"))
+
+
+def _seed_list(config: RunConfig) -> list[int]:
+    return config.train.seeds or [config.train.seed]
+
+
 def _refuse_changes_on_resume(stored: RunConfig, config: RunConfig, path: Path) -> None:
-    """A ``--resume --set`` may not change what the checkpoints were trained with (:data:`FIXED_ON_RESUME`)."""
+    """A ``--resume --set`` may not change what the checkpoints were trained with (:data:`FIXED_ON_RESUME`,
+    data paths apart), nor the seeds, except by adding seeds to a multi-seed run (the layout of its
+    directory: one sub-directory per seed)."""
     old, new = _flat(config_to_dict(stored)), _flat(config_to_dict(config))
     for key in sorted(old.keys() | new.keys()):
         fixed = any(key == name or key.startswith(name + ".") for name in FIXED_ON_RESUME)
-        if fixed and old.get(key) != new.get(key):
+        moved = key in DATA_PATHS and isinstance(old.get(key), str) and isinstance(new.get(key), str)
+        if fixed and not moved and old.get(key) != new.get(key):
             raise ConfigError(
                 f"{path}: --resume cannot change {key} ({old.get(key)!r} -> {new.get(key)!r}); the run's "
                 "checkpoints were trained with it: start a new run instead"
             )
+    seeds, more = _seed_list(stored), _seed_list(config)
+    if more != seeds and not (len(seeds) > 1 and more[: len(seeds)] == seeds):
+        raise ConfigError(
+            f"{path}: --resume can only add seeds to a run of several seeds, not turn {seeds} into {more}"
+        )
 
 
 def _trained_runs(run_dir: str) -> list[Path]:
@@ -128,8 +151,8 @@ def _sample(args: argparse.Namespace) -> int:
     task = load_task(runs[0], with_data=False)
     if not isinstance(task, LMTask):
         raise ConfigError(f"{runs[0]}: not a language model run")
-    if args.length < 1 or args.temperature <= 0:
-        raise ConfigError(f"--length must be >= 1 and --temperature > 0, got {args.length} and {args.temperature}")
+    if args.length < 0 or args.temperature <= 0:
+        raise ConfigError(f"--length must be >= 0 and --temperature > 0, got {args.length} and {args.temperature}")
     print(sample(task, args.length, args.temperature, args.prime, args.seed))
     return 0
 
@@ -168,8 +191,17 @@ def _compare(args: argparse.Namespace) -> int:
     records = compare_runs(args.run_a, args.run_b)
     if not records:
         raise ConfigError(f"{args.run_a} and {args.run_b} share no test metric")
-    print("\n".join(json.dumps(r) for r in records) if args.json else "\n".join(format_comparison(records)))
+    print("\n".join(json.dumps(_finite(r)) for r in records) if args.json else "\n".join(format_comparison(records)))
     return 0
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float (an overflowed perplexity, say) as None: valid JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(v) for key, v in value.items()}
+    return [_finite(v) for v in value] if isinstance(value, list) else value
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -330,13 +330,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 
 @contextlib.contextmanager
 def names_config_errors(key: str) -> Iterator[None]:
-    """Report what a constructor raises for bad arguments from the config section ``key`` (an
-    unknown encoder, an unknown or out-of-range ``encoder_args`` entry) as a :class:`ConfigError`."""
+    """Report the ``ValueError`` a constructor raises for arguments from the config section ``key``
+    (an unknown encoder, an unknown or out-of-range ``encoder_args`` entry: see
+    :func:`seqzoo.base.build_encoder`) as a :class:`ConfigError` naming it. Other exceptions
+    (a ``TypeError`` or ``KeyError`` is a bug, not a config error) keep their traceback."""
     from seqzoo.data.errors import DataError
 
     try:
         yield
     except DataError:
         raise
-    except (KeyError, TypeError, ValueError) as err:
-        raise ConfigError(f"{key}: {err.args[0] if isinstance(err, KeyError) else err}") from None
+    except ValueError as err:
+        raise ConfigError(f"{key}: {err}") from None

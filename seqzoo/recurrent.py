@@ -135,7 +135,7 @@ class RecurrentCellEncoder(Encoder):
 
     def __getstate__(self) -> dict[str, Any]:
         """Copies (``copy.deepcopy``, pickle) leave out the last forward's auxiliary term, a graph node."""
-        return {**super().__getstate__(), "aux_per_token": None}
+        return {**self.__dict__, "aux_per_token": None}
 
     def forward(self, x: Tensor, mask: Tensor | None = None, state: State = None) -> tuple[Tensor, State]:
         mask = self.check_input(x, mask)

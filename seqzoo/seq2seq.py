@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqzoo.base import lengths_from_mask
+from seqzoo.base import check_arguments, lengths_from_mask
 from seqzoo.baselines import LSTM
 from seqzoo.kernels import qrnn_pool, window_linear
 from seqzoo.qrnn import QRNNLayer, last_inputs
@@ -277,6 +277,7 @@ def build_seq2seq(encoder: str, vocab_size: int, embedding_dim: int, **kwargs: A
     """The encoder–decoder named ``encoder`` (``"qrnn"`` or ``"lstm"``) with ``kwargs``."""
     if encoder not in SEQ2SEQ_MODELS:
         raise ValueError(f"no encoder-decoder for encoder {encoder!r}; choose from {', '.join(SEQ2SEQ_MODELS)}")
+    check_arguments(SEQ2SEQ_MODELS[encoder], f"encoder-decoder {encoder!r}", vocab_size, embedding_dim, **kwargs)
     return SEQ2SEQ_MODELS[encoder](vocab_size, embedding_dim, **kwargs)
 
 

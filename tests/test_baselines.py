@@ -59,7 +59,7 @@ def test_mask_validation_messages():
         enc(x, torch.ones(2, 4))
     with pytest.raises(ValueError, match="right-padded"):
         enc(x, torch.tensor([[False, True, True, True]] * 2))
-    with pytest.raises(KeyError, match="unknown encoder"):
+    with pytest.raises(ValueError, match="unknown encoder"):
         build_encoder("nope", 3, hidden_size=2)
 
 

@@ -54,9 +54,7 @@ def test_evaluating_a_fold_uses_its_own_held_out_fold(tmp_path, capsys):
 def test_a_fold_that_cannot_be_rebuilt_is_a_data_error(tmp_path, capsys):
     run_dir = _kfold_run(tmp_path)
     shutil.copytree(run_dir / "fold-1", tmp_path / "renamed")
-    with pytest.raises(
-        DataError, match=r"toy\.train: .*renamed is not one of its fold directories \(fold-1 .. fold-2\)"
-    ):
+    with pytest.raises(DataError, match=r"renamed: .*but this is not one of its fold directories \(fold-1 .. fold-2\)"):
         load_task(tmp_path / "renamed")
     train = tmp_path / "data" / "toy.train"
     train.write_text(train.read_text().replace("film", "picture"))  # the data changed since training

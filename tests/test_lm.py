@@ -229,6 +229,8 @@ def test_sample_function_and_cli(corpus, tmp_path, capsys):
     with pytest.raises(ValueError, match="temperature"):
         sample(task, temperature=0)
     assert main(["sample", str(tmp_path / "r"), "--temperature", "0"]) == 2
+    assert main(["sample", str(tmp_path / "r"), "--length", "0", "--prime", "the cat"]) == 0
+    assert capsys.readouterr().out == "the cat\n"
     assert main(["predict", str(tmp_path / "r")]) == 2  # a language model has nothing to classify
     assert "serves classification and translation runs" in capsys.readouterr().err
 

@@ -85,6 +85,10 @@ def test_no_spread_on_either_side_is_valid_json_and_prints_n_a(tmp_path, capsys)
     assert welch_t_test([1.0, 1.0], [1.0, 1.0]) == {"diff": 0.0, "t": 0.0, "df": None, "p": 1.0}
     assert main(["compare", str(a), str(b)]) == 0
     assert "; Welch t = n/a, df = n/a, p = 0\n" in capsys.readouterr().out
+    c = _run(tmp_path, "c", [0.90, 0.91], [0.3, math.inf])  # an overflowed loss
+    assert main(["compare", str(a), str(c), "--json"]) == 0
+    records = [json.loads(line, parse_constant=pytest.fail) for line in capsys.readouterr().out.splitlines()]
+    assert records[1]["b"] == [0.3, None] and records[1]["mean_b"] is None
 
 
 def test_compare_errors_name_the_run(tmp_path, capsys):

@@ -4,6 +4,7 @@ import itertools
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -258,7 +259,21 @@ def test_resume_refuses_changes_to_what_the_checkpoints_were_trained_with(toy_co
     assert "--resume cannot change model.encoder_args.hidden_size (12 -> 32)" in capsys.readouterr().err
     assert (run_dir / "config.yaml").read_text() == stored  # the run can still be resumed as it was
     assert main(["train", config, "--run-dir", str(run_dir)]) == 2  # a new run may not mix into it
-    assert "is not empty" in capsys.readouterr().err
+    assert "holds a trained run" in capsys.readouterr().err
+    for seeds in ("[3,4]", "[4]"):  # the run trained seed 3 alone, in its root directory
+        assert main(["train", "--resume", str(run_dir), "--set", f"train.seeds={seeds}"]) == 2
+        assert "can only add seeds to a run of several" in capsys.readouterr().err
+    data = tmp_path / "moved"
+    shutil.copytree(toy_corpus, data)
+    assert main(["train", "--resume", str(run_dir), "--set", f"data.data_dir={data}"]) == 0  # the data may move
+
+
+def test_a_run_that_failed_before_training_can_start_again(toy_corpus, tmp_path):
+    config = str(_config_yaml(toy_corpus, tmp_path))
+    run_dir = tmp_path / "r"
+    assert main(["train", config, "--run-dir", str(run_dir), "--set", f"data.data_dir={tmp_path / 'typo'}"]) == 2
+    assert (run_dir / "config.yaml").exists()
+    assert main(["train", config, "--run-dir", str(run_dir), "--set", "train.epochs=1"]) == 0
 
 
 def test_a_metrics_line_cut_short_is_no_record(tmp_path):
@@ -273,17 +288,25 @@ def test_a_metrics_line_cut_short_is_no_record(tmp_path):
         completed_test_record(tmp_path)
 
 
-def test_model_arguments_the_encoder_refuses_are_config_errors(toy_corpus, tmp_path, capsys):
+def test_model_arguments_the_encoder_refuses_are_config_errors(toy_corpus, tmp_path, capsys, monkeypatch):
     config = str(_config_yaml(toy_corpus, tmp_path))
     for number, (override, message) in enumerate(
         (
             ("model.encoder=nope", "model: unknown encoder 'nope'"),
-            ("model.encoder_args.bogus=1", "model: encoder 'lstm': "),
+            ("model.encoder_args.bogus=1", "model: encoder 'lstm' takes no argument bogus (it takes hidden_size, "),
+            ("model.encoder_args.num_layers=0", "model: num_layers must be"),
             ("model.encoder=transformer", "model: the Transformer has no bidirectional option"),
         )
     ):
         assert main(["train", config, "--run-dir", str(tmp_path / str(number)), "--set", override]) == 2
         assert message in capsys.readouterr().err
+
+    def buggy_pooler(*args, **kwargs):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr("seqzoo.tasks.classification.build_pooler", buggy_pooler)
+    with pytest.raises(KeyError, match="a bug"):  # a bug keeps its traceback: it is no config error
+        main(["train", config, "--run-dir", str(tmp_path / "bug")])
 
 
 def test_resume_with_a_larger_epoch_budget_trains_on(toy_corpus, tmp_path):

@@ -116,7 +116,11 @@ def hold_out_sentences(
 
 
 def _parse_xml(content: str, path: Path) -> tuple[ET.Element, dict[ET.Element, int]]:
-    """The element tree of ``content`` and the 1-based line on which each element starts."""
+    """The element tree of ``content`` and the 1-based line on which each element starts.
+
+    Expat runs without namespace processing (the SemEval-2014 files have none), so an ``xmlns``
+    declaration is read as a plain attribute.
+    """
     builder = ET.TreeBuilder()
     parser = expat.ParserCreate()
     parser.buffer_text = True

@@ -200,9 +200,12 @@ class _CompiledPool(torch.autograd.Function):
 
 
 def _check_pool_args(shape: tuple[int, int, int], lengths: Tensor, c0: Tensor | None, keep: Tensor | None) -> None:
-    """Refuse what would make the kernels (which index without bounds checks) read or write out of bounds."""
+    """Refuse what would make the kernels (which index without bounds checks) read or write out of
+    bounds. The lengths' values are checked on CPU only: on CUDA that would cost a device sync per
+    call, and the encoders derive them from a checked mask."""
     batch, time, hidden = shape
-    if tuple(lengths.shape) != (batch,) or not bool(((lengths >= 0) & (lengths <= time)).all()):
+    in_range = lengths.is_cuda or bool(((lengths >= 0) & (lengths <= time)).all())
+    if tuple(lengths.shape) != (batch,) or not in_range:
         raise ValueError(f"lengths must be ({batch},) with values in [0, {time}], got {lengths.tolist()}")
     if c0 is not None and tuple(c0.shape) != (batch, hidden):
         raise ValueError(f"c0 must be ({batch}, {hidden}), got {tuple(c0.shape)}")

@@ -190,9 +190,9 @@ def _fold_of(data: ClassificationData, config: RunConfig, sub_run: Path) -> Clas
     names = [_fold_name(f) for f in range(config.data.folds)]
     if sub_run.name not in names:
         raise DataError(
-            f"the data has no test split, so the run was cross-validated in {len(names)} folds, but {sub_run} "
-            f"is not one of its fold directories ({names[0]} .. {names[-1]}): its held-out fold cannot be rebuilt",
-            data.sources["train"],
+            f"the data has no test split, so the run was cross-validated in {len(names)} folds, but this is not "
+            f"one of its fold directories ({names[0]} .. {names[-1]}): its held-out fold cannot be rebuilt",
+            sub_run,
         )
     return data.folds(config.data.folds, seed=config.train.seed)[names.index(sub_run.name)]
 
