@@ -119,7 +119,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     results = {}
     for sub in runs:
         metrics = load_task(sub).evaluate(args.split)
-        results[str(sub)] = {f"{args.split}_{k}": v for k, v in metrics.items()}
+        results[str(sub.relative_to(args.run_dir))] = {f"{args.split}_{k}": v for k, v in metrics.items()}
         print(json.dumps({"run": str(sub), "split": args.split, **metrics}))
     print("\n".join(format_summary(summarize(results))))
     return 0

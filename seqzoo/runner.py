@@ -18,7 +18,7 @@ from seqzoo.data.errors import DataError
 from seqzoo.data.io import atomic_write_text, read_json, read_text, write_json
 from seqzoo.training import Trainer, mean_std, set_seed, set_threads, stop_reason
 
-__all__ = ["completed_test_record", "find_runs", "load_task", "run", "summarize"]
+__all__ = ["completed_test_record", "find_runs", "load_task", "per_seed", "run", "summarize"]
 
 log = logging.getLogger("seqzoo")
 
@@ -89,12 +89,27 @@ def run(config: RunConfig, run_dir: str | Path, resume: bool = False) -> dict[st
     return summary
 
 
+def per_seed(results: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Sub-run metrics (keyed by sub-run: ``.``, ``seed-N``, ``fold-K`` or ``seed-N/fold-K``) averaged
+    over the folds of each seed: the folds of one seed share its data and are no independent samples."""
+    groups: dict[str, list[dict[str, float]]] = {}
+    for name, metrics in results.items():
+        first = Path(name).parts[0] if Path(name).parts else "."
+        groups.setdefault(first if first.startswith("seed-") else ".", []).append(metrics)
+    return {
+        seed: {key: sum(r[key] for r in runs) / len(runs) if len(runs) > 1 else runs[0][key] for key in runs[0]}
+        for seed, runs in groups.items()
+    }
+
+
 def summarize(results: dict[str, dict[str, float]]) -> dict[str, Any]:
-    """Mean ± sample std of each test metric over the sub-runs."""
-    keys = sorted({k for r in results.values() for k in r})
+    """Mean ± sample std of each test metric over the seeds (each seed's folds averaged first,
+    :func:`per_seed`); ``runs`` keeps every sub-run's metrics."""
+    seeds = per_seed(results)
+    keys = sorted({k for r in seeds.values() for k in r})
     stats = {}
     for key in keys:
-        values = [r[key] for r in results.values() if key in r]
+        values = [r[key] for r in seeds.values() if key in r]
         mean, std = mean_std(values)
         stats[key] = {"mean": mean, "std": std, "n": len(values)}
     return {"runs": results, "metrics": stats}

@@ -308,9 +308,9 @@ def beam_search(
 
     Every row keeps ``beam_size`` live hypotheses; a hypothesis that emits ``<eos>`` is scored
     by :func:`length_normalized_score` (T_trg = source length + 5) and set aside. A row stops
-    once it has ``beam_size`` finished hypotheses (or after ``max_len`` tokens, default twice
-    the longest source + 10, when its live hypotheses are scored as they stand); the best
-    finished one wins. ``beam_size=1`` is greedy decoding.
+    once it has ``beam_size`` finished hypotheses, or after ``max_len`` tokens (default: twice its
+    own source length + 10, so a row decodes alike in any batch), when its live hypotheses are
+    scored as they stand; the best finished one wins. ``beam_size=1`` is greedy decoding.
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
@@ -319,7 +319,8 @@ def beam_search(
     batch, k = src.shape[0], beam_size
     src_lengths = lengths_from_mask(src_mask)
     target_lengths = (src_lengths + 5).tolist()
-    max_len = max_len or 2 * int(src_lengths.max()) + 10
+    limits = [max_len] * batch if max_len else (2 * src_lengths + 10).tolist()
+    closed = [False] * batch  # rows whose limit came first: live hypotheses scored as they stood
     encoded = model.encode(src, src_mask).repeat(k)
     scores = torch.full((batch, k), float("-inf"), device=src.device)
     scores[:, 0] = 0.0  # the first step expands one hypothesis per row
@@ -327,7 +328,7 @@ def beam_search(
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
     last, state = src.new_full((batch * k, 1), bos_id), None
     offsets = torch.arange(batch, device=src.device).unsqueeze(1) * k  # (B, 1) first flat row of each sentence
-    for step in range(1, max_len + 1):
+    for step in range(1, max(limits) + 1):
         logits, state = model.decode(last, encoded, state=state)
         log_probs = F.log_softmax(logits[:, 0].float(), -1)
         log_probs[:, [model.pad_id, bos_id]] = float("-inf")
@@ -342,22 +343,24 @@ def beam_search(
             if len(finished[b]) < k:
                 score = length_normalized_score(float(top_scores[b, j]), step, target_lengths[b], alpha)
                 finished[b].append((score, history[b, int(beams[b, j])].tolist()))
-        done = torch.tensor([len(f) >= k for f in finished], device=src.device)
-        if bool(done.all()):
+        done = [len(f) >= k or c for f, c in zip(finished, closed, strict=True)]
+        if all(done):
             break
         keep = torch.sort(ends.int(), dim=1, stable=True).indices[:, :k]  # the first K continuing candidates
         beams, tokens = beams.gather(1, keep), tokens.gather(1, keep)
-        scores = top_scores.gather(1, keep).masked_fill(done.unsqueeze(1), float("-inf"))
+        scores = top_scores.gather(1, keep).masked_fill(torch.tensor(done, device=src.device)[:, None], float("-inf"))
         history = torch.cat([history.gather(1, beams.unsqueeze(-1).expand_as(history)), tokens.unsqueeze(-1)], -1)
+        for b in range(batch):
+            if step == limits[b] and not done[b]:  # out of steps: live hypotheses compete as they stand
+                finished[b].extend(
+                    (length_normalized_score(s, step, target_lengths[b], alpha), h)
+                    for s, h in zip(scores[b].tolist(), history[b].tolist(), strict=True)
+                    if s > float("-inf")
+                )
+                closed[b] = True
+                scores[b] = float("-inf")
         rows = (offsets + beams).view(-1)
         state = [(a.index_select(0, rows), b.index_select(0, rows)) for a, b in state]
         last = tokens.view(-1, 1)
-    else:  # out of steps: live hypotheses compete as they stand
-        for b in range(batch):
-            finished[b].extend(
-                (length_normalized_score(s, max_len, target_lengths[b], alpha), h)
-                for s, h in zip(scores[b].tolist(), history[b].tolist(), strict=True)
-                if s > float("-inf")
-            )
     model.train(was_training)
     return [max(f, key=lambda pair: pair[0])[1] if f else [] for f in finished]

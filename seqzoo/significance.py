@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from seqzoo.data.errors import DataError
+from seqzoo.runner import per_seed
 from seqzoo.training import mean_std
 
 __all__ = ["compare_runs", "format_comparison", "student_t_two_sided_p", "welch_t_test"]
@@ -94,7 +95,7 @@ def _test_metrics(run_dir: Path) -> dict[str, list[float]]:
     except (json.JSONDecodeError, KeyError, TypeError) as err:
         raise DataError(f"not a seqzoo summary ({err})", path) from None
     metrics: dict[str, list[float]] = {}
-    for record in runs.values():
+    for record in per_seed(runs).values():  # one value per seed: the folds of a seed are averaged
         for key, value in record.items():
             if isinstance(value, (int, float)):
                 metrics.setdefault(key, []).append(float(value))

@@ -160,6 +160,17 @@ def test_beam_of_one_is_greedy(seed, kind):
     assert beam_search(model, src, src_mask, BOS, EOS, beam_size=1, max_len=12) == [_greedy(model, src, src_mask, 12)]
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_row_decodes_alike_alone_and_in_any_batch(kind):
+    """Each row's step limit is its own (twice its source + 10), not that of the batch's longest source."""
+    model = _model(1, kind)
+    sources = [[4, 5], [6, 7, 8, 9, 10, 11, 4, 5, 6, 7, 8], [7]]
+    together = beam_search(model, *pad_batch(sources), BOS, EOS, beam_size=3)
+    alone = [beam_search(model, *pad_batch([source]), BOS, EOS, beam_size=3)[0] for source in sources]
+    assert together == alone
+    assert max(len(out) for out in alone) > 2 * 1 + 10  # some row ran into a limit (else the test shows nothing)
+
+
 def test_lstm_decoder_starts_from_the_encoder_states_and_attends_over_real_tokens():
     model = _model(kind="lstm")
     src, src_mask = pad_batch([[4, 5, 6], [7, 8]])

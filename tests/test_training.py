@@ -139,7 +139,21 @@ def test_kfold_when_no_test_split(toy_corpus, tmp_path):
     config = load_config(_config_yaml(toy_corpus, tmp_path), ["train.epochs=1", "data.folds=3"])
     summary = run(config, tmp_path / "folds")
     assert sorted(summary["runs"]) == ["fold-1", "fold-2", "fold-3"]
-    assert summary["metrics"]["test_accuracy"]["n"] == 3
+    accuracies = [summary["runs"][f"fold-{k}"]["test_accuracy"] for k in (1, 2, 3)]
+    # one seed: one value, the mean over its folds (folds of one seed are no independent samples)
+    assert summary["metrics"]["test_accuracy"] == {"mean": pytest.approx(sum(accuracies) / 3), "std": 0.0, "n": 1}
+
+
+def test_seeds_not_folds_are_the_samples_of_the_spread():
+    from seqzoo.runner import per_seed
+
+    runs = {f"seed-{s}/fold-{k}": {"test_accuracy": 0.1 * s + 0.01 * k} for s in (1, 2) for k in (1, 2, 3)}
+    assert per_seed(runs) == {
+        "seed-1": {"test_accuracy": pytest.approx(0.12)},
+        "seed-2": {"test_accuracy": pytest.approx(0.22)},
+    }
+    stats = summarize(runs)["metrics"]["test_accuracy"]
+    assert stats["n"] == 2 and stats["mean"] == pytest.approx(0.17) and stats["std"] == pytest.approx(0.1 / 2**0.5)
 
 
 def test_nan_loss_stops_with_message_and_keeps_checkpoint(toy_corpus, tmp_path, monkeypatch):
