@@ -1,10 +1,10 @@
 """Early-training probe: training cross-entropy over the first steps of a recipe.
 
-Trains a config's model exactly as ``seqzoo train`` would (same seed, batches, optimiser and
-clipping) for ``--steps`` steps and prints, every ``--every`` steps, the mean training
-cross-entropy in bits (dropout on, auxiliary losses such as the MZU's disagreement term reported
-separately, not included) and, when the recipe clips, the median gradient norm before clipping.
-Nothing is evaluated or written: it answers "does this variant learn
+Trains a config's model exactly as ``seqzoo train`` would (same seed, batches, optimiser, per-step
+learning rate and clipping) for ``--steps`` steps of its first epoch and prints, every ``--every``
+steps, the mean training cross-entropy in bits (dropout on, auxiliary losses such as the MZU's
+disagreement term reported separately, not included) and, when the recipe clips, the median
+gradient norm before clipping. Nothing is evaluated or written: it answers "does this variant learn
 faster per step?" in minutes, not "which model is better" (that needs dev/test, ``seqzoo train``).
 ``train.threads`` is honoured as in ``seqzoo train``: two probes side by side need
 ``--set train.threads=1`` each; otherwise they oversubscribe the cores and run >15x slower.
@@ -22,7 +22,7 @@ import time
 
 from seqzoo.config import load_config
 from seqzoo.runner import task_module
-from seqzoo.training import build_optimizer, set_seed, set_threads, update
+from seqzoo.training import build_optimizer, scheduled_lr, set_seed, set_threads, total_steps, update
 
 
 def main() -> None:
@@ -45,8 +45,11 @@ def main() -> None:
     batches = task.train_batches(0)
     model.train()
     ce, aux, norms, start = [], [], [], time.perf_counter()
+    steps = total_steps(cfg.train, len(batches))
     for index in range(min(args.steps, len(batches))):
         step = task.train_loss(batches[index])
+        for group in optimizer.param_groups:  # warm-up and step schedules, as the trainer sets them
+            group["lr"] = scheduled_lr(cfg.optim, cfg.optim.lr, index, steps)
         norms.append(update(model, optimizer, step.loss, cfg.optim.clip_norm))
         term = model.auxiliary_loss() if hasattr(model, "auxiliary_loss") else None
         aux.append(0.0 if term is None else term.detach().item())

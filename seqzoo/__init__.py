@@ -1,4 +1,4 @@
-"""seqzoo: advanced sequence encoders (QRNN, MZU, S-LSTM, Meta-LSTM) and their baselines."""
+"""seqzoo: advanced sequence encoders (QRNN, MZU; S-LSTM and Meta-LSTM on the roadmap) and their baselines."""
 
 from seqzoo.base import Encoder, available_encoders, build_encoder, detach_state, register_encoder
 from seqzoo.baselines import GRU, LSTM, TransformerEncoder

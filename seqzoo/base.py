@@ -37,6 +37,7 @@ __all__ = [
     "build_encoder",
     "check_arguments",
     "check_mask",
+    "check_rate",
     "detach_state",
     "lengths_from_mask",
     "register_encoder",
@@ -103,6 +104,13 @@ def check_mask(x: Tensor, mask: Tensor | None) -> Tensor:
     if time > 1 and bool((mask[:, 1:] & ~mask[:, :-1]).any()):
         raise ValueError("mask must be right-padded: each row a run of True followed by False")
     return mask
+
+
+def check_rate(name: str, value: float) -> float:
+    """``value`` if it is a rate in [0, 1) (dropout, zoneout: 1 would drop everything), else a ValueError."""
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {value}")
+    return value
 
 
 def lengths_from_mask(mask: Tensor) -> Tensor:

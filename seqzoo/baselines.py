@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from seqzoo.base import Encoder, State, lengths_from_mask, register_encoder
+from seqzoo.base import Encoder, State, check_rate, lengths_from_mask, register_encoder
 
 __all__ = ["GRU", "LSTM", "TransformerEncoder", "sinusoidal_positions"]
 
@@ -33,6 +33,7 @@ class _TorchRNN(Encoder):
         bias: bool = True,
     ) -> None:
         super().__init__(input_size, hidden_size, bidirectional=bidirectional)
+        check_rate("dropout", dropout)
         self.num_layers = num_layers
         self.rnn = self.rnn_class(
             input_size,
@@ -122,6 +123,7 @@ class TransformerEncoder(Encoder):
                 "outputs of hidden_size; set bidirectional to false"
             )
         super().__init__(input_size, hidden_size)
+        check_rate("dropout", dropout)
         self.causal = causal
         self.proj = nn.Linear(input_size, hidden_size) if input_size != hidden_size else nn.Identity()
         layer = nn.TransformerEncoderLayer(

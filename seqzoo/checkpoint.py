@@ -5,8 +5,9 @@ renames, so a crash at any moment leaves either the old or the new checkpoint co
 (``{dir}.old`` is picked up by :func:`resolve_checkpoint` if the crash fell between the two
 renames).
 
-Training state (optimizer moments, RNG states, loop counters) is stored the same way:
-tensors in ``train_state.safetensors``, everything else in ``train_state.json``.
+Training state is stored the same way (``last/``): ``model``, ``optimizer``, ``rng`` and
+``extra`` (task state) ``.safetensors`` files for the tensors, ``train_state.json`` for the loop
+counters and the tensors' places in the optimiser's state.
 """
 
 from __future__ import annotations

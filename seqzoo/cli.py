@@ -1,4 +1,4 @@
-"""The ``seqzoo`` command: train, evaluate, predict, bench."""
+"""The ``seqzoo`` command: train, evaluate, predict, sample, plot-zones, plot-hidden, compare, bench."""
 
 from __future__ import annotations
 

@@ -160,12 +160,13 @@ class OptimConfig:
     eps: float = 1e-8
     clip_norm: float | None = 5.0
     # Epoch schedules multiply the LR by ``decay`` after every epoch ("exponential"), after an epoch
-    # without a dev improvement ("plateau"), or after every epoch from ``decay_start`` on
-    # ("step_after"). Step schedules decay it at every step from ``lr`` to ``min_lr`` at the run's
-    # last step, min(train.max_steps, train.epochs x steps per epoch): "linear", "cosine".
+    # without a dev improvement ("plateau"), or after every epoch from epoch ``decay_start`` on
+    # ("step_after": the first decay_start epochs, at least one, run at ``lr``). Step schedules decay
+    # it at every step from ``lr`` to ``min_lr`` at the run's last step, min(train.max_steps,
+    # train.epochs x steps per epoch): "linear", "cosine".
     schedule: Literal["constant", "plateau", "exponential", "step_after", "linear", "cosine"] = "constant"
     decay: float = 0.5  # LR multiplier of the epoch schedules
-    decay_start: int = 0  # step_after: first epoch whose LR is decayed
+    decay_start: int = 0  # step_after: epochs at the full LR (at least 1) before the first decayed one
     min_lr: float = 0.0  # floor of every decay
     warmup_steps: int = 0  # any schedule: the LR rises linearly over the first steps, lr / warmup_steps to lr
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqzoo.base import register_encoder
+from seqzoo.base import check_rate, register_encoder
 from seqzoo.recurrent import RecurrentCellEncoder, StepFn
 
 __all__ = ["DeepTransitionGRU", "DeepTransitionGRUCell", "GRUCell", "LayerNormGRU"]
@@ -55,7 +55,7 @@ class GRUCell(nn.Module):
         self.candidate_bias = nn.Parameter(torch.zeros(hidden_size))  # b_h
         self.gate_bias = nn.Parameter(torch.zeros(self.num_gates, hidden_size))  # LN offset, or the gate bias
         self.gate_gain = nn.Parameter(torch.ones(self.num_gates, hidden_size)) if layer_norm else None
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(check_rate("dropout", dropout))
 
     def forward(self, x_part: Tensor | None, h: Tensor) -> Tensor:
         """``x_part = x_proj(x)`` (B, x_width) or None for a T-GRU; ``h`` (B, H) -> ``h_t`` (B, H)."""

@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqzoo.base import State, register_encoder
+from seqzoo.base import State, check_rate, register_encoder
 from seqzoo.recurrent import RecurrentCellEncoder, StepFn
 
 __all__ = [
@@ -331,7 +331,7 @@ class MZUTransition(nn.Module):
 
         self.candidate = transform(regular_trans)
         self.gate = transform(regular_gate)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(check_rate("dropout", dropout))
 
     def fused_weights(self) -> tuple[Tensor, Tensor, Tensor | None]:
         """Zone generation of M_h and M_g side by side: x part (2H, d_x), h part (2H, H), bias (2H) or None.

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqzoo.base import check_arguments, lengths_from_mask
+from seqzoo.base import check_arguments, check_rate, lengths_from_mask
 from seqzoo.baselines import LSTM
 from seqzoo.kernels import qrnn_pool, window_linear
 from seqzoo.qrnn import QRNNLayer, last_inputs
@@ -194,7 +194,7 @@ class QRNNSeq2Seq(Seq2Seq):
             QRNNDecoderLayer(n, hidden_size, k, attention=i == num_layers - 1)
             for i, (n, k) in enumerate(zip(sizes, per_layer(decoder_window), strict=True))
         )
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(check_rate("dropout", dropout))
         self.generator = nn.Linear(hidden_size, vocab_size)
 
     def encode(self, src: Tensor, src_mask: Tensor) -> EncoderOutput:
@@ -249,7 +249,7 @@ class LSTMSeq2Seq(Seq2Seq):
         self.encoder = LSTM(embedding_dim, hidden_size, num_layers, dropout)
         self.decoder = LSTM(embedding_dim, hidden_size, num_layers, dropout)
         self.attention_output = nn.Linear(2 * hidden_size, hidden_size)  # W on [h_t; k_t]
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(check_rate("dropout", dropout))
         self.generator = nn.Linear(hidden_size, vocab_size)
 
     def encode(self, src: Tensor, src_mask: Tensor) -> EncoderOutput:

@@ -51,6 +51,7 @@ __all__ = [
     "scheduled_lr",
     "set_seed",
     "stop_reason",
+    "total_steps",
 ]
 
 log = logging.getLogger("seqzoo")
@@ -265,7 +266,7 @@ class Trainer:
         )
         task.model.train()
         start, tokens_seen = time.perf_counter(), 0
-        total_steps = _total_steps(cfg.train, len(batches))
+        steps = total_steps(cfg.train, len(batches))
         for index in range(state["step_in_epoch"], len(batches)):
             if _budget_spent(state, cfg):
                 break
@@ -277,7 +278,7 @@ class Trainer:
                     f"stopping. The last good checkpoint is kept in {self.run_dir / 'last'} "
                     f"(best model in {self.run_dir / 'best'}). Try a lower learning rate or gradient clipping."
                 )
-            lr = scheduled_lr(cfg.optim, state["lr"], state["global_step"], total_steps)
+            lr = scheduled_lr(cfg.optim, state["lr"], state["global_step"], steps)
             for group in self.optimizer.param_groups:  # the one place the optimiser's rate is set
                 group["lr"] = lr
             update(task.model, self.optimizer, loss, cfg.optim.clip_norm)
@@ -386,7 +387,7 @@ def stop_reason(run_dir: str | Path, config: RunConfig) -> str | None:
     return "no last/ checkpoint" if path is None else _stop_reason(_read_train_state(path)["loop"], config)
 
 
-def _total_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
+def total_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
     """The run's length in optimiser steps: its epochs, or the step budget when that is shorter."""
     total = cfg.epochs * steps_per_epoch
     return min(total, cfg.max_steps) if cfg.max_steps is not None else total

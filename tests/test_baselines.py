@@ -83,6 +83,9 @@ def test_input_of_the_wrong_size_or_empty_is_refused(name):
     for shape in ((2, 0, 6), (0, 5, 6)):
         with pytest.raises(ValueError, match="empty"):
             enc(torch.randn(shape))
+    for rate in (1.0, -0.1):  # a one-layer LSTM does not use its dropout, but still checks it
+        with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\)"):
+            build_encoder(name, 6, hidden_size=4, dropout=rate, **ALL_ENCODERS[name])
 
 
 @pytest.mark.parametrize("name", sorted(set(ALL_ENCODERS) - {"transformer"}))
