@@ -46,7 +46,8 @@ def main() -> None:
     model.train()
     ce, aux, norms, start = [], [], [], time.perf_counter()
     steps = total_steps(cfg.train, len(batches))
-    for index in range(min(args.steps, len(batches))):
+    budget = min(args.steps, len(batches), cfg.train.max_steps or args.steps)  # the trainer stops at max_steps
+    for index in range(budget):
         step = task.train_loss(batches[index])
         for group in optimizer.param_groups:  # warm-up and step schedules, as the trainer sets them
             group["lr"] = scheduled_lr(cfg.optim, cfg.optim.lr, index, steps)

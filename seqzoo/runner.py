@@ -96,10 +96,15 @@ def per_seed(results: dict[str, dict[str, float]]) -> dict[str, dict[str, float]
     for name, metrics in results.items():
         first = Path(name).parts[0] if Path(name).parts else "."
         groups.setdefault(first if first.startswith("seed-") else ".", []).append(metrics)
-    return {
-        seed: {key: sum(r[key] for r in runs) / len(runs) if len(runs) > 1 else runs[0][key] for key in runs[0]}
-        for seed, runs in groups.items()
-    }
+    means: dict[str, dict[str, float]] = {}
+    for seed, runs in groups.items():
+        values: dict[str, list[float]] = {}
+        for metrics in runs:  # numbers only (a hand-edited summary may hold others), over the runs that have them
+            for key, value in metrics.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    values.setdefault(key, []).append(value)
+        means[seed] = {key: v[0] if len(v) == 1 else sum(v) / len(v) for key, v in values.items()}
+    return means
 
 
 def summarize(results: dict[str, dict[str, float]]) -> dict[str, Any]:
@@ -116,7 +121,7 @@ def summarize(results: dict[str, dict[str, float]]) -> dict[str, Any]:
 
 
 def format_summary(summary: dict[str, Any]) -> list[str]:
-    """One line per test metric: ``mean ± std (n=runs)``; a single run has no spread to show.
+    """One line per test metric: ``mean ± std (n=seeds)``; a single seed has no spread to show.
 
     Accuracies in % with 2 decimals, counts (integers in every run, e.g. tokens) as integers,
     everything else (BPC, perplexity, BLEU, losses) with 3 decimals, the resolution at which models

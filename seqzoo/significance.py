@@ -124,7 +124,7 @@ def format_comparison(records: list[dict[str, Any]]) -> list[str]:
         line = f"{r['metric']}: {side_a} vs {side_b}, B − A {(r['mean_b'] - r['mean_a']) * scale:+.3f}"
         test = r["welch"]
         if test is None:
-            line += "; no test (a side has one run)"
+            line += "; no test (a side has one seed)"
         else:
             t, df, p = (_number(test[key], spec) for key, spec in (("t", ".2f"), ("df", ".1f"), ("p", ".3g")))
             line += f"; Welch t = {t}, df = {df}, p = {p}"

@@ -97,7 +97,7 @@ def test_compare_errors_name_the_run(tmp_path, capsys):
     assert "missing: no summary.json" in capsys.readouterr().err
     single = _run(tmp_path, "b", [0.8], [0.4])
     assert main(["compare", str(a), str(single)]) == 0
-    assert "no test (a side has one run)" in capsys.readouterr().out
+    assert "no test (a side has one seed)" in capsys.readouterr().out
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "summary.json").write_text("{}")
     assert main(["compare", str(a), str(tmp_path / "bad")]) == 2

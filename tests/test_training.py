@@ -152,6 +152,8 @@ def test_seeds_not_folds_are_the_samples_of_the_spread():
         "seed-1": {"test_accuracy": pytest.approx(0.12)},
         "seed-2": {"test_accuracy": pytest.approx(0.22)},
     }
+    uneven = {"fold-1": {"a": 1, "b": 2, "note": None}, "fold-2": {"a": 2}}  # e.g. a hand-edited summary
+    assert per_seed(uneven) == {".": {"a": 1.5, "b": 2}}
     stats = summarize(runs)["metrics"]["test_accuracy"]
     assert stats["n"] == 2 and stats["mean"] == pytest.approx(0.17) and stats["std"] == pytest.approx(0.1 / 2**0.5)
 
