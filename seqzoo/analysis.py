@@ -8,6 +8,7 @@ varies most over the document. Works for any encoder; for a QRNN the outputs are
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from torch import Tensor
 
 from seqzoo.data.batching import pad_batch
 from seqzoo.plots import save_figure
+
+log = logging.getLogger("seqzoo")
 
 __all__ = ["HiddenStates", "hidden_state_figure", "hidden_states", "plot_hidden_states"]
 
@@ -40,8 +43,16 @@ def hidden_states(task, text: str, channels: int | None = None) -> HiddenStates:
     """
     model = task.model
     if not all(hasattr(task, name) for name in ("tokenizer", "vocab")) or not hasattr(model, "encoder"):
-        raise ValueError(f"{type(task).__name__} has no tokenizer, vocabulary and encoder to read a document with")
-    tokens = task.tokenizer(text)[: task.config.data.max_len or None]
+        raise ValueError(
+            f"{type(task).__name__} has no document tokenizer: plot-hidden reads classification and ABSA runs"
+        )
+    tokens = task.tokenizer(text)
+    limit = getattr(task.config.data, "max_len", None)
+    if limit and len(tokens) > limit:
+        log.warning(
+            "the document has %d tokens; shown: the first %d (data.max_len, as in training)", len(tokens), limit
+        )
+        tokens = tokens[:limit]
     if not tokens:
         raise ValueError("the document has no tokens")
     ids, mask = pad_batch([task.vocab.encode(tokens)])
@@ -67,7 +78,8 @@ def hidden_state_figure(states: HiddenStates, title: str = "") -> Figure:
     image = ax.imshow(
         states.values.T.numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto", interpolation="nearest"
     )
-    ax.set_xticks(range(steps), states.tokens, rotation=90, fontsize=7)
+    every = max(1, steps // 160)  # at most ~160 readable token labels
+    ax.set_xticks(range(0, steps, every), states.tokens[::every], rotation=90, fontsize=7)
     if units <= 64:
         ax.set_yticks(range(units), [str(c) for c in states.channels], fontsize=6)
     ax.set_ylabel("hidden unit")

@@ -164,9 +164,10 @@ def _plot_zones(args: argparse.Namespace) -> int:
     runs = _trained_runs(args.run_dir)
     try:
         relevance = zone_relevance(load_task(runs[0], with_data=False), args.text, args.depth)
+        path = plot_zone_relevance(relevance, args.out, args.last)
     except ValueError as err:
         raise ConfigError(f"{runs[0]}: {err}") from None
-    print(plot_zone_relevance(relevance, args.out, args.last))
+    print(path)
     return 0
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import matplotlib
 import torch
 import torch.nn.functional as F
 from matplotlib.figure import Figure
@@ -81,7 +82,9 @@ def zone_relevance(task, text: str, depth: int = 0) -> ZoneRelevance:
 def plot_zone_relevance(relevance: ZoneRelevance, path: str | Path, last: int = 5) -> Path:
     """PNG in the style of Figure 3: the relevance of every earlier character to each of the ``last``
     characters (top), and per zone for the final character (bottom); grayscale from each panel's
-    lowest (black) to highest (white) cosine, as the colour bars show; blank = no earlier character."""
+    lowest (black) to highest (white) cosine, as the colour bars show; blue = no earlier character."""
+    if last < 1:
+        raise ValueError(f"last must be >= 1, got {last}")
     chars = ["_" if c == " " else "\\n" if c == "\n" else c for c in relevance.chars]
     steps, zones = len(chars), relevance.zones.shape[0]
     rows = list(range(max(1, steps - last), steps))
@@ -93,7 +96,8 @@ def plot_zone_relevance(relevance: ZoneRelevance, path: str | Path, last: int = 
     )
     for ax, values, labels, title in panels:
         known = values[~values.isnan()]
-        image = ax.imshow(values.numpy(), cmap="gray", vmin=float(known.min()), vmax=float(known.max()), aspect="auto")
+        cmap = matplotlib.colormaps["gray"].with_extremes(bad="tab:blue")  # NaN: no earlier character
+        image = ax.imshow(values.numpy(), cmap=cmap, vmin=float(known.min()), vmax=float(known.max()), aspect="auto")
         ax.set_xticks(range(steps), chars, fontsize=7)
         ax.set_yticks(range(len(labels)), labels, fontsize=8)
         ax.set_title(title, fontsize=9)

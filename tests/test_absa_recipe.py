@@ -104,3 +104,7 @@ def test_train_two_seeds_then_evaluate(semeval, tmp_path, capsys, subset, test_e
         seed = Path(line["run"]).name
         assert line["accuracy"] == pytest.approx(summary["runs"][seed]["test_accuracy"])
         assert line["examples"] == test_examples
+    if subset == "ds":  # the hidden-state plot reads an ABSA run too (its data config has no max_len)
+        out = tmp_path / "hidden.png"
+        assert main(["plot-hidden", str(run_dir / "seed-1"), "--text", "the food was great", "--out", str(out)]) == 0
+        assert out.read_bytes()[:4] == b"\x89PNG"

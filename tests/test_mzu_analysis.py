@@ -83,9 +83,23 @@ def test_plot_and_cli(trained, tmp_path, capsys):
     out = tmp_path / "fig" / "zones.png"
     assert main(["plot-zones", str(trained), "--text", "payments", "--out", str(out)]) == 0
     assert out.stat().st_size > 1000 and str(out) in capsys.readouterr().out
+    assert main(["plot-zones", str(trained), "--text", "payments", "--out", str(out), "--last", "0"]) == 2
+    assert "last must be >= 1" in capsys.readouterr().err
+    assert main(["plot-hidden", str(trained), "--text", "payments", "--out", str(out)]) == 2  # an LM run
+    assert "plot-hidden reads classification and ABSA runs" in capsys.readouterr().err
 
 
 def test_non_mzu_model_is_refused(tmp_path):
     task = LMTask(_config(tmp_path, "gru_ln", {"hidden_size": 8}), {"train": list("abc abc\n")})
     with pytest.raises(ValueError, match="needs an MZU encoder"):
         zone_relevance(task, "abc")
+
+
+def test_char_sampling_never_draws_unk_and_warns_of_unknown_prime_characters(trained, caplog):
+    from seqzoo.tasks.lm import sample
+
+    task = load_task(trained, with_data=False)
+    with caplog.at_level("WARNING", logger="seqzoo"):
+        text = sample(task, length=400, temperature=50.0, prime="€t", seed=1)  # near-uniform draws
+    assert text.startswith("€t") and "<unk>" not in text
+    assert "prime tokens outside the vocabulary, read as <unk>: '€'" in caplog.text

@@ -20,6 +20,7 @@ better for both.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -49,6 +50,8 @@ __all__ = [
     "read_splits",
     "sample",
 ]
+
+log = logging.getLogger("seqzoo")
 
 #: Task split name -> file stem in the data directory.
 SPLIT_FILES = {"train": "train", "dev": "valid", "test": "test"}
@@ -304,7 +307,9 @@ def sample(task: LMTask, length: int = 200, temperature: float = 1.0, prime: str
 
     Char level: ``prime`` is read character by character and the result is the raw text.
     Word level: ``prime`` is split on whitespace; words are joined by spaces, ``<eos>`` by newlines.
-    An empty prime starts after a line terminator. ``<pad>`` is never drawn.
+    An empty prime starts after a line terminator. ``<pad>`` is never drawn, nor, at char level,
+    ``<unk>`` (it would print as five characters). Prime tokens outside the vocabulary are read as
+    ``<unk>``, with a warning.
     """
     if length < 0:
         raise ValueError(f"length must be >= 0, got {length}")
@@ -312,6 +317,9 @@ def sample(task: LMTask, length: int = 200, temperature: float = 1.0, prime: str
         raise ValueError(f"temperature must be > 0, got {temperature}")
     vocab, model = task.vocab, task.model
     context = list(prime) if task.level == "char" else prime.split()
+    unknown = sorted({token for token in context if token not in vocab})
+    if unknown:
+        log.warning("prime tokens outside the vocabulary, read as <unk>: %s", " ".join(map(repr, unknown)))
     ids = vocab.encode(context) or [task.line_end_id if task.line_end_id is not None else vocab.unk_id]
     generator = torch.Generator().manual_seed(seed)
     was_training = model.training
@@ -321,6 +329,8 @@ def sample(task: LMTask, length: int = 200, temperature: float = 1.0, prime: str
     for _ in range(length):
         scaled = logits[0, -1] / temperature
         scaled[vocab.pad_id] = -math.inf
+        if task.level == "char":
+            scaled[vocab.unk_id] = -math.inf
         drawn.append(int(torch.multinomial(torch.softmax(scaled, -1), 1, generator=generator)))
         logits, state = model(torch.tensor([[drawn[-1]]]), state)
     model.train(was_training)
