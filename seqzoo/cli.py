@@ -1,4 +1,4 @@
-"""The ``seqzoo`` command: train, evaluate, predict, sample, plot-zones, plot-hidden, compare, bench."""
+"""The ``seqzoo`` command: train, evaluate, predict, sample, plot-zones, plot-lengths, plot-hidden, compare, bench."""
 
 from __future__ import annotations
 
@@ -171,6 +171,30 @@ def _plot_zones(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plot_lengths(args: argparse.Namespace) -> int:
+    from seqzoo.runner import load_task
+    from seqzoo.tasks.lm import LMTask, loss_by_length_bucket, plot_length_buckets
+
+    try:
+        boundaries = sorted({int(b) for b in args.boundaries.split(",")})
+    except ValueError:
+        raise ConfigError(f"--boundaries must be comma-separated integers, got {args.boundaries!r}") from None
+    series, metric = {}, None
+    for run_dir in args.run_dirs:
+        sub = _trained_runs(run_dir)[0]
+        task = load_task(sub)
+        if not isinstance(task, LMTask):
+            raise ConfigError(f"{sub}: not a language model run")
+        if metric not in (None, task.metric):
+            raise ConfigError(f"{sub}: reports {task.metric}, the runs before it {metric}; plot one level at a time")
+        metric = task.metric
+        series[Path(run_dir).name] = buckets = loss_by_length_bucket(task, args.split, boundaries)
+        for bucket in buckets:
+            print(json.dumps({"run": str(sub), "split": args.split, **bucket}))
+    print(plot_length_buckets(series, args.out, metric))
+    return 0
+
+
 def _plot_hidden(args: argparse.Namespace) -> int:
     from seqzoo.analysis import plot_hidden_states
     from seqzoo.data.io import read_text
@@ -246,6 +270,14 @@ def build_parser() -> argparse.ArgumentParser:
     zones.add_argument("--last", type=int, default=5, help="characters whose relevances are shown (default 5)")
     zones.add_argument("--depth", type=int, default=0, help="candidate of this transition depth (default 0)")
     zones.set_defaults(func=_plot_zones)
+    lengths = sub.add_parser(
+        "plot-lengths", help="LM runs' BPC / perplexity by line-length bucket (MZU paper Figure 2) as PNG"
+    )
+    lengths.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="one series per run (its first seed)")
+    lengths.add_argument("--split", default="test", choices=["dev", "test"])
+    lengths.add_argument("--boundaries", default="20,40,60,80,100", help="bucket edges, [lo, hi) (default 20,...,100)")
+    lengths.add_argument("--out", required=True, help="PNG path")
+    lengths.set_defaults(func=_plot_lengths)
     hidden = sub.add_parser("plot-hidden", help="last-layer hidden states over a document (QRNN paper Figure 3) as PNG")
     hidden.add_argument("run_dir")
     document = hidden.add_mutually_exclusive_group(required=True)

@@ -218,6 +218,21 @@ def test_loss_by_length_bucket_and_plot(corpus, tmp_path):
     assert path.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_plot_lengths_cli(corpus, tmp_path, capsys):
+    config = make_config(corpus, tmp_path, level="char", train={"epochs": 1})
+    run(config, tmp_path / "r")
+    task = load_task(tmp_path / "r")
+    out = tmp_path / "lengths.png"
+    command = ["plot-lengths", str(tmp_path / "r"), "--split", "dev", "--out", str(out)]
+    assert main([*command, "--boundaries", "25,20"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [json.loads(line)["bpc"] for line in lines[:-1]] == [
+        pytest.approx(b["bpc"]) for b in loss_by_length_bucket(task, "dev", [20, 25])
+    ]
+    assert lines[-1] == str(out) and out.read_bytes()[:4] == b"\x89PNG"
+    assert main(["plot-lengths", str(tmp_path / "r"), "--boundaries", "a,b", "--out", str(out)]) == 2
+
+
 def test_sample_function_and_cli(corpus, tmp_path, capsys):
     config = make_config(corpus, tmp_path, train={"epochs": 1})
     run(config, tmp_path / "r")
