@@ -152,14 +152,15 @@ def available_encoders() -> list[str]:
 
 def check_arguments(target: Callable[..., Any], what: str, *args: Any, **kwargs: Any) -> None:
     """A ``ValueError`` naming ``what`` unless ``target`` takes these arguments (none unknown or missing)."""
-    params = inspect.signature(target).parameters
+    signature = inspect.signature(target)
+    params = signature.parameters
     if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
         unknown = [key for key in kwargs if key not in params]
         if unknown:
             takes = ", ".join(p for p in params if p not in ("self", "input_size"))
             raise ValueError(f"{what} takes no argument {', '.join(unknown)} (it takes {takes})")
     try:
-        inspect.signature(target).bind(*args, **kwargs)
+        signature.bind(*args, **kwargs)
     except TypeError as err:
         raise ValueError(f"{what}: {err}") from None
 

@@ -6,7 +6,6 @@ import argparse
 import importlib
 import json
 import logging
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -151,9 +150,11 @@ def _sample(args: argparse.Namespace) -> int:
     task = load_task(runs[0], with_data=False)
     if not isinstance(task, LMTask):
         raise ConfigError(f"{runs[0]}: not a language model run")
-    if args.length < 0 or args.temperature <= 0:
-        raise ConfigError(f"--length must be >= 0 and --temperature > 0, got {args.length} and {args.temperature}")
-    print(sample(task, args.length, args.temperature, args.prime, args.seed))
+    try:
+        text = sample(task, args.length, args.temperature, args.prime, args.seed)
+    except ValueError as err:  # --length < 0 or --temperature <= 0
+        raise ConfigError(f"{runs[0]}: {err}") from None
+    print(text)
     return 0
 
 
@@ -211,22 +212,14 @@ def _plot_hidden(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from seqzoo.significance import compare_runs, format_comparison
+    from seqzoo.significance import compare_runs, finite_or_none, format_comparison
 
     records = compare_runs(args.run_a, args.run_b)
     if not records:
         raise ConfigError(f"{args.run_a} and {args.run_b} share no test metric")
-    print("\n".join(json.dumps(_finite(r)) for r in records) if args.json else "\n".join(format_comparison(records)))
+    lines = [json.dumps(finite_or_none(r)) for r in records] if args.json else format_comparison(records)
+    print("\n".join(lines))
     return 0
-
-
-def _finite(value: Any) -> Any:
-    """``value`` with every non-finite float (an overflowed perplexity, say) as None: valid JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: _finite(v) for key, v in value.items()}
-    return [_finite(v) for v in value] if isinstance(value, list) else value
 
 
 def _bench(args: argparse.Namespace) -> int:

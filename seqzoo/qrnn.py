@@ -61,8 +61,7 @@ class QRNNLayer(nn.Module):
             raise ValueError(f"pooling must be one of {sorted(POOLINGS)}, got {pooling!r}")
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
-        if not 0.0 <= zoneout < 1.0:
-            raise ValueError(f"zoneout must be in [0, 1), got {zoneout}")
+        check_rate("zoneout", zoneout)
         self.input_size, self.hidden_size, self.window = input_size, hidden_size, window
         self.pooling, self.zoneout, self.reverse, self.causal = pooling, zoneout, reverse, causal
         # W_z, W_f, W_o (, W_i) of all k taps as one matrix; output chunks in the order z, f, o, i.

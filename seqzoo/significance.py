@@ -22,7 +22,7 @@ from seqzoo.data.errors import DataError
 from seqzoo.runner import per_seed
 from seqzoo.training import mean_std
 
-__all__ = ["compare_runs", "format_comparison", "student_t_two_sided_p", "welch_t_test"]
+__all__ = ["compare_runs", "finite_or_none", "format_comparison", "student_t_two_sided_p", "welch_t_test"]
 
 _TINY = 1e-300
 
@@ -83,7 +83,16 @@ def welch_t_test(a: list[float], b: list[float]) -> dict[str, float | None] | No
         t = diff / math.sqrt(var_a + var_b)
         df = (var_a + var_b) ** 2 / (var_a**2 / (len(a) - 1) + var_b**2 / (len(b) - 1))
         test = {"diff": diff, "t": t, "df": df, "p": student_t_two_sided_p(t, df)}
-    return {key: value if math.isfinite(value) else None for key, value in test.items()}
+    return finite_or_none(test)
+
+
+def finite_or_none(value: Any) -> Any:
+    """``value`` (a number, or dicts and lists of them) with every non-finite float as None: valid JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: finite_or_none(v) for key, v in value.items()}
+    return [finite_or_none(v) for v in value] if isinstance(value, list) else value
 
 
 def _test_metrics(run_dir: Path) -> dict[str, list[float]]:

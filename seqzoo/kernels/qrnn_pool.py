@@ -201,8 +201,9 @@ class _CompiledPool(torch.autograd.Function):
 
 def _check_pool_args(shape: tuple[int, int, int], lengths: Tensor, c0: Tensor | None, keep: Tensor | None) -> None:
     """Refuse what would make the kernels (which index without bounds checks) read or write out of
-    bounds. The lengths' values are checked on CPU only: on CUDA that would cost a device sync per
-    call, and the encoders derive them from a checked mask."""
+    bounds; called once per path: by :func:`_compiled_inputs` for the C kernel, by :func:`qrnn_pool`
+    for the others. The lengths' values are checked on CPU only: on CUDA that would cost a device
+    sync per call, and the encoders derive them from a checked mask."""
     batch, time, hidden = shape
     in_range = lengths.is_cuda or bool(((lengths >= 0) & (lengths <= time)).all())
     if tuple(lengths.shape) != (batch,) or not in_range:
@@ -213,8 +214,12 @@ def _check_pool_args(shape: tuple[int, int, int], lengths: Tensor, c0: Tensor | 
         raise ValueError(f"keep must be {shape}, got {tuple(keep.shape)}")
 
 
-def _compiled_inputs(x: Tensor, lengths: Tensor, c0: Tensor | None, keep: Tensor | None) -> tuple:
-    """x, lengths, c0, keep as the C kernel reads them (contiguous; int64, x's dtype, uint8)."""
+def _compiled_inputs(
+    x: Tensor, lengths: Tensor, c0: Tensor | None, keep: Tensor | None, shape: tuple[int, int, int]
+) -> tuple:
+    """x, lengths, c0, keep as the C kernel reads them (contiguous; int64, x's dtype, uint8), after
+    checking them against the pooling problem's ``shape`` (batch, time, hidden)."""
+    _check_pool_args(shape, lengths, c0, keep)
     c0 = None if c0 is None else c0.to(x.dtype).contiguous()
     keep = None if keep is None else keep.to(torch.uint8).contiguous()
     return x.contiguous(), lengths.to(torch.int64).contiguous(), c0, keep
@@ -236,7 +241,8 @@ def qrnn_pool_compiled(
         raise RuntimeError(lib)
     if gates.is_cuda or gates.dtype not in _DTYPE_CODE:
         raise RuntimeError(f"the compiled pooling runs float32/float64 on CPU, got {gates.dtype} on {gates.device}")
-    gates, lengths, c0, keep = _compiled_inputs(gates, lengths, c0, keep)
+    batch, time, _, hidden = gates.shape
+    gates, lengths, c0, keep = _compiled_inputs(gates, lengths, c0, keep, (batch, time, hidden))
     return _CompiledPool.apply(gates, lengths, c0, keep, float(keep_prob), pooling, reverse)
 
 
@@ -344,14 +350,14 @@ def qrnn_layer(
             f"k <= {padded_time}, got {tuple(weight.shape)}"
         )
     time = padded_time - window + 1
-    _check_pool_args((batch, time, weight.shape[0] // POOLINGS[pooling]), lengths, c0, keep)
     kwargs = {"pooling": pooling, "keep": keep, "keep_prob": keep_prob, "reverse": reverse}
     device = x_pad.device.type  # under autocast the gates come out in the autocast dtype
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x_pad.dtype
     if pool_backend(x_pad.device, dtype) != "compiled":
         gates = window_linear(x_pad, weight, bias).view(batch, time, POOLINGS[pooling], -1)  # (B, T, G, H)
         return qrnn_pool(gates, lengths, c0, **kwargs)
-    x_pad, lengths, c0, keep = _compiled_inputs(x_pad, lengths, c0, keep)
+    shape = (batch, time, weight.shape[0] // POOLINGS[pooling])
+    x_pad, lengths, c0, keep = _compiled_inputs(x_pad, lengths, c0, keep, shape)
     args = (x_pad, weight, bias, lengths, c0, keep, float(keep_prob), pooling, reverse)
     tracked = [t for t in (x_pad, weight, bias, c0) if t is not None]
     if torch.is_grad_enabled() and any(t.requires_grad for t in tracked):
@@ -396,12 +402,12 @@ def qrnn_pool(
         raise ValueError(f"pooling must be one of {sorted(POOLINGS)}, got {pooling!r}")
     if gates.dim() != 4 or gates.shape[2] != POOLINGS[pooling]:
         raise ValueError(f"{pooling}-pooling needs gates (B, T, {POOLINGS[pooling]}, H), got {tuple(gates.shape)}")
-    batch, time, _, hidden = gates.shape
-    _check_pool_args((batch, time, hidden), lengths, c0, keep)
     kwargs = {"pooling": pooling, "keep": keep, "keep_prob": keep_prob, "reverse": reverse}
     backend = pool_backend(gates.device, gates.dtype)
     if backend == "compiled":
-        return qrnn_pool_compiled(gates, lengths, c0, **kwargs)
+        return qrnn_pool_compiled(gates, lengths, c0, **kwargs)  # checks its arguments for the C kernel
+    batch, time, _, hidden = gates.shape
+    _check_pool_args((batch, time, hidden), lengths, c0, keep)
     if backend == "triton":
         from seqzoo.kernels.qrnn_pool_triton import qrnn_pool_triton
 
