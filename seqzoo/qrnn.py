@@ -7,7 +7,9 @@ A layer is a causal convolution of width k over time, the matmul of an ``nn.Line
 both through :func:`seqzoo.kernels.qrnn_layer` (fused C / Triton kernels with a PyTorch reference). Conventions
 (MODELS.md, Decision 1): ``f`` multiplies the OLD state; zoneout (eq. 6) sets ``f = 1`` on a
 random subset of channels during training without rescaling and uses the expectation
-``f = 1 - (1 - p)(1 - f)`` at evaluation. Densely-connected stacks follow MODELS.md 1.5.
+``f = 1 - (1 - p)(1 - f)`` at evaluation. With ifo-pooling it also sets ``i = 0`` on those channels
+(``i (1 - p)`` at evaluation): the paper defines zoneout as keeping "the previous pooling state",
+which eq. 6 alone achieves only for f- and fo-pooling. Densely-connected stacks follow MODELS.md 1.5.
 
 State (unidirectional): one ``(c, x_tail)`` pair per layer, ``c`` (B, H) the pooling cell state
 and ``x_tail`` (B, k - 1, n) the layer's last k - 1 real inputs, so a sequence fed chunk by

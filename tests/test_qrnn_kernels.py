@@ -114,7 +114,8 @@ def interpreted_triton(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("pooling", "zoneout", "reverse"), [("f", "eval", True), ("fo", "train", False), ("ifo", "none", True)]
+    ("pooling", "zoneout", "reverse"),
+    [("f", "eval", True), ("fo", "train", False), ("ifo", "train", True), ("ifo", "none", False)],
 )
 def test_triton_interpreter_matches_reference(interpreted_triton, pooling, zoneout, reverse):
     _assert_matches_reference(interpreted_triton, pooling, zoneout, reverse)
@@ -233,6 +234,25 @@ def test_layer_under_cpu_autocast_falls_back_loudly_to_the_reference():
     with torch.autocast("cpu", dtype=torch.bfloat16), pytest.warns(RuntimeWarning, match="fused QRNN pooling"):
         h, _ = qrnn_layer(x_pad, weight, bias, lengths, c0, pooling="fo")
     assert torch.allclose(h.float(), h_float, atol=0.05)
+
+
+@pytest.mark.parametrize("backend", ["reference", pytest.param("compiled", marks=needs_compiled)])
+@pytest.mark.parametrize("pooling", list(POOLINGS))
+def test_zoneout_keeps_the_state_and_evaluates_its_expectation(backend, pooling):
+    """Zoneout keeps "the previous pooling state" of a zoned-out channel (the paper's definition; for
+    ifo eq. 6's f = 1 is not enough, i must be 0), and evaluation gives the expectation over masks."""
+    fn = qrnn_pool_compiled if backend == "compiled" else qrnn_pool_reference
+    gates, _, c0, kwargs = _inputs(pooling, "train", torch.float64, shape=(2, 1, 300))
+    lengths = torch.ones(2, dtype=torch.int64)
+    with torch.no_grad():
+        _, c_train = fn(gates, lengths, c0, pooling=pooling, keep=kwargs["keep"])
+        _, c_plain = fn(gates, lengths, c0, pooling=pooling)
+        _, c_eval = fn(gates, lengths, c0, pooling=pooling, keep_prob=0.7)
+    zoned = ~kwargs["keep"][:, 0]
+    assert bool(zoned.any()) and bool((~zoned).any())
+    assert torch.equal(c_train[zoned], c0[zoned]), "zoned-out channels keep their state"
+    assert torch.allclose(c_train[~zoned], c_plain[~zoned], rtol=0, atol=1e-12), "the others update as without zoneout"
+    assert torch.allclose(c_eval, 0.3 * c0 + 0.7 * c_plain, rtol=0, atol=1e-12), "p c_{t-1} + (1 - p) c_t"
 
 
 def test_reference_zoneout_keeps_float64():

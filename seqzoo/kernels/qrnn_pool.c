@@ -125,7 +125,7 @@ static int run_parallel(item_fn fn, const Args *args, int nthreads, size_t scrat
 }
 
 /* Bumped whenever an exported signature changes; the loader refuses a library built from other sources. */
-int qrnn_pool_abi_version(void) { return 2; }
+int qrnn_pool_abi_version(void) { return 3; }
 
 /* dtype: 0 = float32, 1 = float64; store != 0 (training) leaves the activations in gates. Returns 0 on success. */
 int qrnn_pool_forward(int dtype, void *gates, int64_t gate_time, const void *bias, const int64_t *lengths,

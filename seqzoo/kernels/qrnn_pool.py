@@ -7,8 +7,9 @@ All paths share one signature and one convention (the paper's: ``f`` multiplies 
     gates     (B, T, G, H) pre-activations in the order z, f, o, i; G = POOLINGS[pooling]
     lengths   (B,) int64 real tokens per row (right-padded); pads leave the state unchanged
     c0        (B, H) initial cell state, or None for zeros
-    keep      (B, T, H) bool zoneout keep mask (training; False = zoned out, f = 1), or None
-    keep_prob scale of 1 - f: 1.0, or 1 - p at evaluation (the expectation of the mask)
+    keep      (B, T, H) bool zoneout keep mask (training; False = zoned out: f = 1, and i = 0 with
+              ifo-pooling, so the channel keeps its state), or None
+    keep_prob scale of 1 - f (and of i): 1.0, or 1 - p at evaluation (the expectation of the mask)
     reverse   run each row from its last real token back to its first (backward direction)
     h         (B, T, H) pooled outputs, zero at pads
     c_last    (B, H) cell state after the last real step (c0 for empty rows)
@@ -45,7 +46,7 @@ __all__ = ["POOLINGS", "pool_backend", "qrnn_layer", "qrnn_pool", "qrnn_pool_com
 POOLINGS = {"f": 2, "fo": 3, "ifo": 4}
 _POOL_CODE = {"f": 0, "fo": 1, "ifo": 2}
 _DTYPE_CODE = {torch.float32: 0, torch.float64: 1}
-_ABI_VERSION = 2  # qrnn_pool_abi_version() of the C sources this wrapper calls
+_ABI_VERSION = 3  # qrnn_pool_abi_version() of the C sources this wrapper calls
 
 
 def qrnn_pool_reference(
@@ -62,10 +63,13 @@ def qrnn_pool_reference(
     batch, time, _, hidden = gates.shape
     z = torch.tanh(gates[:, :, 0])  # (B, T, H), eq. 1
     gated = torch.sigmoid(gates[:, :, 1:])  # f, o, i in one pass, (B, T, G - 1, H)
-    f = gated[:, :, 0]
-    if keep is not None or keep_prob != 1.0:  # eq. 6: zoned-out channels get f = 1 (no rescaling)
-        f = 1 - (1 - f) * (keep_prob if keep is None else keep.to(f.dtype) * keep_prob)
-    new = gated[:, :, 2] * z if pooling == "ifo" else torch.addcmul(z, f, z, value=-1)  # i z, or (1 - f) z
+    f, i = gated[:, :, 0], gated[:, :, 2] if pooling == "ifo" else None
+    if keep is not None or keep_prob != 1.0:  # eq. 6: zoned-out channels get f = 1 (no rescaling) ...
+        scale = keep_prob if keep is None else keep.to(f.dtype) * keep_prob
+        f = 1 - (1 - f) * scale
+        if i is not None:  # ... and i = 0 with ifo-pooling, so that they keep their state
+            i = i * scale
+    new = i * z if i is not None else torch.addcmul(z, f, z, value=-1)  # i z, or (1 - f) z
     real = (torch.arange(time, device=gates.device) < lengths.unsqueeze(1)).unsqueeze(-1)  # (B, T, 1)
     padded = not bool(real.all())
     if padded:

@@ -8,7 +8,8 @@
 static inline SCALAR FN(sigmoid)(SCALAR x) { return 1 / (1 + EXP(-x)); }
 static inline SCALAR FN(tanh)(SCALAR x) { return 1 - 2 / (EXP(2 * x) + 1); }
 
-/* Zoneout scale of 1 - f (eq. 6): the keep mask in training, keep_prob (1 - p) at evaluation. */
+/* Zoneout scale of 1 - f (eq. 6), and of i with ifo-pooling (a zoned-out channel keeps its state): the keep
+ * mask in training, keep_prob (1 - p) at evaluation. */
 #define SCALE(j) (has_keep ? kp * keep[j] : kp)
 
 /* One time step of the forward recurrence for n channels; c is the running state, b the bias. With
@@ -21,11 +22,11 @@ static ALWAYS_INLINE void FN(forward_step)(int pooling, int has_keep, int store,
     const SCALAR *bf = b + BLOCK, *bo = b + 2 * BLOCK, *bi = b + 3 * BLOCK;
     for (int64_t j = 0; j < n; j++) {
         const SCALAR z = FN(tanh)(gz[j] + b[j]), f = FN(sigmoid)(gf[j] + bf[j]); /* eq. 1 */
-        const SCALAR leak = (1 - f) * SCALE(j);                                   /* 1 - f after zoneout, eq. 6 */
+        const SCALAR scale = SCALE(j), leak = (1 - f) * scale;                    /* 1 - f after zoneout, eq. 6 */
         const SCALAR o = pooling == POOL_F ? 1 : FN(sigmoid)(go[j] + bo[j]);
         const SCALAR i = pooling == POOL_IFO ? FN(sigmoid)(gi[j] + bi[j]) : 0;
         if (pooling == POOL_IFO) {
-            c[j] = (1 - leak) * c[j] + i * z;                                     /* eq. 5 */
+            c[j] = (1 - leak) * c[j] + i * scale * z;                             /* eq. 5 */
         } else {
             c[j] += leak * (z - c[j]);                                            /* eqs. 3-4: f c + (1 - f) z */
         }
@@ -46,8 +47,8 @@ static ALWAYS_INLINE void FN(cell_step)(int pooling, int has_keep, int64_t n, in
                                         SCALAR *restrict c) {
     const SCALAR *gz = g, *gf = g + H, *gi = g + 3 * H;
     for (int64_t j = 0; j < n; j++) {
-        const SCALAR leak = (1 - gf[j]) * SCALE(j);
-        c[j] = pooling == POOL_IFO ? (1 - leak) * cp[j] + gi[j] * gz[j] : cp[j] + leak * (gz[j] - cp[j]);
+        const SCALAR scale = SCALE(j), leak = (1 - gf[j]) * scale;
+        c[j] = pooling == POOL_IFO ? (1 - leak) * cp[j] + gi[j] * scale * gz[j] : cp[j] + leak * (gz[j] - cp[j]);
     }
 }
 
@@ -76,10 +77,10 @@ static ALWAYS_INLINE void FN(backward_step)(int pooling, int has_keep, int64_t n
         SCALAR dzt, dft;
         if (pooling == POOL_IFO) {
             const SCALAR i = gi[j];
-            const SCALAR dit = dct * z * i * (1 - i);
+            const SCALAR dit = dct * scale * z * i * (1 - i);
             gi[j] = dit;
             dbi[j] += dit;
-            dzt = dct * i;
+            dzt = dct * scale * i;
             dft = dct * cp[j] * scale * f * (1 - f);
         } else {
             dzt = dct * leak;

@@ -72,11 +72,12 @@ if triton is not None:
             row = b * T + (length - 1 - s if REVERSE else s)
             g = gates + row * G * H + cols
             z = _tanh(tl.load(g, mask=valid, other=0.0).to(tl.float32))  # eq. 1
-            leak = (1.0 - _sigmoid(tl.load(g + H, mask=valid, other=0.0).to(tl.float32))) * keep_prob
-            if HAS_KEEP:  # eq. 6: zoned-out channels get f = 1
-                leak = leak * tl.load(keep + row * H + cols, mask=valid, other=0).to(tl.float32)
+            scale = tl.full([BLOCK], keep_prob, tl.float32)
+            if HAS_KEEP:  # eq. 6: zoned-out channels get f = 1 (and i = 0 with ifo: they keep their state)
+                scale = scale * tl.load(keep + row * H + cols, mask=valid, other=0).to(tl.float32)
+            leak = (1.0 - _sigmoid(tl.load(g + H, mask=valid, other=0.0).to(tl.float32))) * scale
             if POOLING == 2:
-                c = (1.0 - leak) * c + _sigmoid(tl.load(g + 3 * H, mask=valid, other=0.0).to(tl.float32)) * z
+                c = (1.0 - leak) * c + _sigmoid(tl.load(g + 3 * H, mask=valid, other=0.0).to(tl.float32)) * scale * z
             else:
                 c = c + leak * (z - c)  # f c + (1 - f) z, eqs. 3-4
             out = c
@@ -144,8 +145,8 @@ if triton is not None:
                 dct = dc + dht * o
             if POOLING == 2:
                 i = _sigmoid(tl.load(g + 3 * H, mask=valid, other=0.0).to(tl.float32))
-                tl.store(dg + 3 * H, dct * z * i * (1.0 - i), mask=valid)
-                dz = dct * i
+                tl.store(dg + 3 * H, dct * scale * z * i * (1.0 - i), mask=valid)
+                dz = dct * scale * i
                 df = dct * cp * scale * f * (1.0 - f)
             else:
                 dz = dct * leak
