@@ -74,18 +74,9 @@ class QRNNLayer(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor]:
         """x (B, T, n), lengths (B,) -> h (B, T, H) zero at pads, c_last (B, H), new x_tail (B, k-1, n)."""
         batch, time, _ = x.shape
-        k = self.window
         if x_tail is None:
-            x_tail = x.new_zeros(batch, k - 1, self.input_size)
-        if k == 1:
-            padded = x  # (B, T + k - 1, n): window t is padded[:, t : t + k]
-        elif self.causal and not self.reverse:  # masked convolution [x_{t-k+1}, ..., x_t]; first frames: previous chunk
-            padded = torch.cat([x_tail, x], 1)
-        else:  # the window reaches `ahead` frames past t; frames past a row's end are zeros, as for the row alone
-            ahead = k - 1 if self.causal else k // 2
-            real = torch.arange(time, device=x.device) < lengths.unsqueeze(1)
-            zeros = [x.new_zeros(batch, size, self.input_size) for size in (k - 1 - ahead, ahead)]
-            padded = torch.cat([zeros[0], x * real.unsqueeze(-1), zeros[1]], 1)
+            x_tail = x.new_zeros(batch, self.window - 1, self.input_size)
+        padded = self.padded_input(x, lengths, x_tail)
         keep, keep_prob = None, 1.0
         if self.zoneout > 0:  # eq. 6
             if self.training:
@@ -105,6 +96,20 @@ class QRNNLayer(nn.Module):
         )
         carries = self.window > 1 and self.causal and not self.reverse
         return h, c_last, last_inputs(padded, lengths, self.window) if carries else x_tail
+
+    def padded_input(self, x: Tensor, lengths: Tensor, x_tail: Tensor) -> Tensor:
+        """x (B, T, n) padded to (B, T + k - 1, n) so that the convolution's window t is ``[:, t : t + k]``."""
+        batch, time, _ = x.shape
+        k = self.window
+        if k == 1:
+            return x
+        if self.causal and not self.reverse:  # masked convolution [x_{t-k+1}, ..., x_t]; first frames: previous chunk
+            return torch.cat([x_tail, x], 1)
+        # the window reaches `ahead` frames past t; frames past a row's end are zeros, as for the row alone
+        ahead = k - 1 if self.causal else k // 2
+        real = torch.arange(time, device=x.device) < lengths.unsqueeze(1)
+        zeros = [x.new_zeros(batch, size, self.input_size) for size in (k - 1 - ahead, ahead)]
+        return torch.cat([zeros[0], x * real.unsqueeze(-1), zeros[1]], 1)
 
     def extra_repr(self) -> str:
         return (

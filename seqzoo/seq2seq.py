@@ -15,8 +15,11 @@ specification ``MODELS.md`` 1.7–1.9.
   output does not feed back into the recurrence, so training runs every step in parallel.
 * The source and target share one (unified, character) vocabulary and one embedding table.
 
-The authors' code attends over the encoder's cell states ``c̃`` instead of ``h̃`` (MODELS.md
-1.7); seqzoo implements the paper's ``h̃`` only.
+``enc_state="c"`` is the authors' variant (MODELS.md Decision 2 and 1.7): their code reads the
+encoder's un-gated cell states ``c̃`` where the paper has ``h̃``, in eq. 7 (``c̃_T^ℓ``) and in the
+attention of eq. 8 (``c̃_s`` of the last layer, which then needs no output gate). Their decoder
+layers without attention also start from ``c̃_T`` instead of adding ``V c̃_T``; that difference is
+not reproduced.
 
 **LSTM baseline** (:class:`LSTMSeq2Seq`; the paper's "char-level 4-layer LSTM" of the same size
 with attention, MODELS.md 1.9): the same reversed source and shared embedding; decoder layer ℓ
@@ -58,9 +61,9 @@ DecoderState = list[tuple[Tensor, Tensor]]
 
 
 class EncoderOutput(NamedTuple):
-    memory: Tensor  # (B, S, H) last encoder layer's outputs h̃_s (reversed source order)
+    memory: Tensor  # (B, S, H) last encoder layer's outputs h̃_s (c̃_s with enc_state="c"; reversed source order)
     mask: Tensor  # (B, S) True at real source positions
-    finals: list[Tensor]  # per layer ℓ: QRNN h̃_T^ℓ (B, H); LSTM (h_T^ℓ, c_T^ℓ) stacked (B, 2, H)
+    finals: list[Tensor]  # per layer ℓ: QRNN h̃_T^ℓ or c̃_T^ℓ (B, H); LSTM (h_T^ℓ, c_T^ℓ) stacked (B, 2, H)
 
     def repeat(self, times: int) -> EncoderOutput:
         """Each row repeated ``times`` times in place (row b -> rows b·times ... b·times + times - 1), for beams."""
@@ -75,6 +78,15 @@ def reverse_padded(x: Tensor, lengths: Tensor) -> Tensor:
     time = torch.arange(x.shape[1], device=x.device)
     index = torch.where(time < lengths.unsqueeze(1), lengths.unsqueeze(1) - 1 - time, time)  # (B, T)
     return x.gather(1, index.view(*index.shape, *([1] * (x.dim() - 2))).expand_as(x))
+
+
+def _encoder_cells(layer: QRNNLayer, x: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+    """The un-gated cell states c̃ (B, T, H) of an fo-pooling encoder layer (no zoneout) over x
+    (B, T, n), zero at pads, and each row's last one (B, H): fo's ``c`` is f-pooling over z and f."""
+    batch, time, _ = x.shape
+    padded = layer.padded_input(x, lengths, x.new_zeros(batch, layer.window - 1, layer.input_size))
+    gates = window_linear(padded, layer.linear.weight, layer.linear.bias).view(batch, time, 3, layer.hidden_size)
+    return qrnn_pool(gates[:, :, :2], lengths, pooling="f", reverse=layer.reverse)
 
 
 class QRNNDecoderLayer(nn.Module):
@@ -159,7 +171,8 @@ class QRNNSeq2Seq(Seq2Seq):
 
     ``encoder_window`` / ``decoder_window``: one filter width for all layers or one per layer
     (the paper's translation model: 6 for the first encoder layer, 2 elsewhere). ``dropout``
-    applies to embeddings and between layers (the paper uses none for translation).
+    applies to embeddings and between layers (the paper uses none for translation). ``enc_state``
+    is the encoder state the decoder reads: ``"h"`` (the paper) or ``"c"`` (the authors' code).
     """
 
     def __init__(
@@ -172,6 +185,7 @@ class QRNNSeq2Seq(Seq2Seq):
         decoder_window: int | Sequence[int] = 2,
         dropout: float = 0.0,
         pad_id: int = 0,
+        enc_state: str = "h",
     ) -> None:
         super().__init__(pad_id)
 
@@ -183,7 +197,9 @@ class QRNNSeq2Seq(Seq2Seq):
 
         if num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
-        self.hidden_size, self.num_layers = hidden_size, num_layers
+        if enc_state not in ("h", "c"):
+            raise ValueError(f"enc_state must be 'h' (the paper) or 'c' (the authors' code), got {enc_state!r}")
+        self.hidden_size, self.num_layers, self.enc_state = hidden_size, num_layers, enc_state
         self.embedding = nn.Embedding(vocab_size, embedding_dim, padding_idx=pad_id)
         sizes = [embedding_dim] + [hidden_size] * (num_layers - 1)
         self.encoder = nn.ModuleList(
@@ -202,8 +218,12 @@ class QRNNSeq2Seq(Seq2Seq):
         last = (lengths - 1).view(-1, 1, 1).expand(-1, 1, self.hidden_size)
         finals = []
         for i, layer in enumerate(self.encoder):
-            x, _, _ = layer(x, lengths)  # (B, S, H)
-            finals.append(x.gather(1, last).squeeze(1))  # h̃_T of this layer (B, H)
+            if self.enc_state == "c" and i == self.num_layers - 1:
+                x, c_last = _encoder_cells(layer, x, lengths)  # c̃_s (B, S, H): the attention's memory
+                finals.append(c_last)
+                break
+            x, c_last, _ = layer(x, lengths)  # (B, S, H)
+            finals.append(x.gather(1, last).squeeze(1) if self.enc_state == "h" else c_last)  # h̃_T or c̃_T (B, H)
             if i < self.num_layers - 1:
                 x = self.dropout(x)
         return EncoderOutput(x, src_mask, finals)

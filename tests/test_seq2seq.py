@@ -24,6 +24,7 @@ from seqzoo.seq2seq import (
     QRNNDecoderLayer,
     QRNNSeq2Seq,
     beam_search,
+    build_seq2seq,
     length_normalized_score,
     reverse_padded,
 )
@@ -36,10 +37,12 @@ def _model(seed: int = 0, kind: str = "qrnn") -> QRNNSeq2Seq | LSTMSeq2Seq:
     torch.manual_seed(seed)
     if kind == "lstm":
         return LSTMSeq2Seq(12, 6, 5, num_layers=3).double().eval()
-    return QRNNSeq2Seq(12, 6, 5, num_layers=3, encoder_window=[3, 2, 1], decoder_window=[2, 2, 1]).double().eval()
+    windows = {"encoder_window": [3, 2, 1], "decoder_window": [2, 2, 1]}
+    return QRNNSeq2Seq(12, 6, 5, num_layers=3, enc_state="c" if kind == "qrnn_c" else "h", **windows).double().eval()
 
 
-KINDS = ["qrnn", "lstm"]
+KINDS = ["qrnn", "qrnn_c", "lstm"]  # qrnn_c: the QRNN with enc_state="c"
+RECIPES = ["qrnn", "lstm"]
 
 
 @pytest.mark.parametrize("window", [1, 2, 3, 4])
@@ -114,6 +117,35 @@ def test_attention_ignores_source_padding_and_encoder_state_conditions_every_lay
     h, _, _ = model.decoder[0](x, torch.tensor([2, 2]), encoded, encoded.finals[0])
     h2, _, _ = model.decoder[0](x, torch.tensor([2, 2]), encoded, encoded.finals[0] + 1)
     assert not torch.allclose(h, h2)
+
+
+def test_authors_variant_reads_the_encoder_cell_states():
+    """enc_state="c": eq. 7 reads each layer's c̃_T and eq. 8 attends over the last layer's c̃_s,
+    which the last layer's outputs are gated from (h̃ = o ⊙ c̃); the paper form reads h̃."""
+    src, src_mask = pad_batch([[4, 5, 6, 7], [9, 10]])
+    paper, authors = _model(), _model(kind="qrnn_c")
+    authors.load_state_dict(paper.state_dict())
+    h_form, c_form = paper.encode(src, src_mask), authors.encode(src, src_mask)
+    x, lengths = paper.embed_source(src, src_mask)
+    for i, layer in enumerate(paper.encoder):
+        x_next, c_last, _ = layer(x, lengths)
+        torch.testing.assert_close(c_form.finals[i], c_last)
+        torch.testing.assert_close(h_form.finals[i], x_next[torch.arange(2), lengths - 1])
+        if i == len(paper.encoder) - 1:
+            gates = layer.linear(layer.padded_input(x, lengths, x.new_zeros(2, 0, layer.input_size)))
+            o = torch.sigmoid(gates.view(2, -1, 3, layer.hidden_size)[:, :, 2])
+            torch.testing.assert_close(o * c_form.memory, x_next)
+            torch.testing.assert_close(c_form.memory[torch.arange(2), lengths - 1], c_last)
+        x = x_next
+    assert not c_form.memory[1, 2:].any(), "cell states are zero at source pads"
+    tgt = torch.tensor([[BOS, 4, 5], [BOS, 6, 7]])
+    assert not torch.allclose(
+        paper(src, src_mask, tgt, torch.ones_like(tgt, dtype=torch.bool)),
+        authors(src, src_mask, tgt, torch.ones_like(tgt, dtype=torch.bool)),
+    )
+    assert build_seq2seq("qrnn", 12, 6, hidden_size=5, enc_state="c").enc_state == "c"  # model.encoder_args
+    with pytest.raises(ValueError, match="enc_state"):
+        QRNNSeq2Seq(12, 6, 5, enc_state="x")
 
 
 @pytest.mark.parametrize("attention", [False, True])
@@ -261,7 +293,7 @@ TOY_ENCODER_ARGS = {
 }
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", RECIPES)
 def test_translation_recipe_end_to_end(tmp_path, capsys, kind):
     sacrebleu = pytest.importorskip("sacrebleu")
     _write_copy_corpus(tmp_path)
@@ -314,7 +346,7 @@ def test_paper_protocol_config():
 def test_lstm_baseline_config_differs_from_the_qrnn_config_only_in_the_model():
     """configs/translation_de_en_lstm.yaml: the paper's LSTM baseline, same size, dropout 0.2 (MODELS.md 1.9)."""
     root = Path(__file__).resolve().parents[1] / "configs"
-    qrnn, lstm = (load_config(root / f"translation_de_en_{kind}.yaml") for kind in KINDS)
+    qrnn, lstm = (load_config(root / f"translation_de_en_{kind}.yaml") for kind in RECIPES)
     assert (lstm.model.encoder, lstm.model.encoder_args, lstm.model.dropout) == (
         "lstm",
         {"hidden_size": 320, "num_layers": 4},

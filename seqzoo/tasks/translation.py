@@ -5,7 +5,7 @@ read as characters with one vocabulary for both sides. Training pairs with a sid
 ``data.max_chars`` are dropped (the paper: 300); dev and test are kept whole.
 
 Model: ``model.encoder`` is ``"qrnn"`` (:class:`~seqzoo.seq2seq.QRNNSeq2Seq`: ``encoder_args``
-``hidden_size``, ``num_layers``, ``encoder_window``, ``decoder_window``) or ``"lstm"``
+``hidden_size``, ``num_layers``, ``encoder_window``, ``decoder_window``, ``enc_state``) or ``"lstm"``
 (:class:`~seqzoo.seq2seq.LSTMSeq2Seq`: ``hidden_size``, ``num_layers``); ``model.dropout`` is its
 dropout; ``data.embedding_dim`` the embedding size.
 
