@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import pytest
 import torch
@@ -121,3 +122,21 @@ def test_fast_path_matches_reference_through_the_encoder(monkeypatch, bidirectio
         results.append((out, *torch.autograd.grad(loss, [x, *encoder.parameters()])))
     for a, b in zip(*results, strict=True):
         assert torch.allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("grad", ["no_grad", "frozen"])
+def test_jit_trace_records_the_reference_pooling(grad):
+    """torch.jit.trace cannot record the fused kernels (a ctypes call), so a traced QRNN pools with
+    the reference and says so; the traced module then agrees with eager on new inputs."""
+    torch.manual_seed(0)
+    encoder = QRNN(4, 6, num_layers=2, window=2).eval()
+    x, mask = torch.randn(3, 5, 4), torch.ones(3, 5, dtype=torch.bool)
+    if grad == "frozen":
+        encoder.requires_grad_(False)
+    with torch.no_grad() if grad == "no_grad" else torch.enable_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        traced = torch.jit.trace(encoder, (x, mask), check_trace=False)
+    assert any("torch.jit.trace records PyTorch operations only" in str(w.message) for w in caught)
+    new = torch.randn(3, 5, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(traced(new, mask)[0], encoder(new, mask)[0])

@@ -370,8 +370,9 @@ def qrnn_layer(
 
 
 def pool_backend(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> str:
-    """Name of the backend :func:`qrnn_pool` uses for tensors of this device and dtype."""
-    if os.environ.get("SEQZOO_QRNN_BACKEND", "auto") == "reference":
+    """Name of the backend :func:`qrnn_pool` uses for tensors of this device and dtype (the
+    reference while ``torch.jit.trace`` runs: it records PyTorch operations, not the fused kernels)."""
+    if os.environ.get("SEQZOO_QRNN_BACKEND", "auto") == "reference" or torch.jit.is_tracing():
         return "reference"
     if torch.device(device).type == "cuda":
         from seqzoo.kernels.qrnn_pool_triton import triton_unavailable_reason
@@ -383,6 +384,8 @@ def pool_backend(device: torch.device | str = "cpu", dtype: torch.dtype = torch.
 
 
 def _fallback_reason(gates: Tensor) -> str:
+    if torch.jit.is_tracing():
+        return "torch.jit.trace records PyTorch operations only"
     if gates.is_cuda:
         from seqzoo.kernels.qrnn_pool_triton import triton_unavailable_reason
 
