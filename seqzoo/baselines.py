@@ -2,7 +2,10 @@
 
 LSTM: Hochreiter & Schmidhuber (1997); GRU: Cho et al. (2014); Transformer encoder:
 Vaswani et al. (2017). All follow the :mod:`seqzoo.base` contract; padding is handled by
-packing, so pad positions never reach the state or the backward direction.
+packing, so pad positions never reach the state or the backward direction. A padded batch of a
+single-layer unidirectional LSTM/GRU on CPU runs unpacked instead: torch's packed RNN backward is
+5-7x slower there (pytorch#149194), and since pads follow the real tokens only the state needs
+reading back (see ``_TorchRNN._unpacked``).
 """
 
 from __future__ import annotations
@@ -10,10 +13,12 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from seqzoo.base import Encoder, State, check_rate, lengths_from_mask, register_encoder
+from seqzoo.kernels import qrnn_pool
 
 __all__ = ["GRU", "LSTM", "TransformerEncoder", "sinusoidal_positions"]
 
@@ -50,6 +55,8 @@ class _TorchRNN(Encoder):
         if bool(mask.all()):
             return self.rnn(x, state)
         lengths = lengths_from_mask(mask)
+        if self.num_layers == 1 and not self.bidirectional and x.device.type == "cpu":
+            return self._unpacked(x, mask, lengths, state)
         # Rows without any real token are run for one (zeroed) step, then restored below.
         packed = pack_padded_sequence(x, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False)
         out, final = self.rnn(packed, state)
@@ -59,6 +66,30 @@ class _TorchRNN(Encoder):
         if bool(empty.any()):
             final = _keep_initial(final, state, empty)
         return out, final
+
+
+    def _unpacked(self, x: Tensor, mask: Tensor, lengths: Tensor, state: State) -> tuple[Tensor, State]:
+        """One layer, one direction, over the padded batch without packing. Pads come after each
+        row's real tokens, so the outputs there are exact; the state after the last real token is
+        read back: h from the outputs, and the LSTM's c by running its cell recurrence
+        ``c_t = f_t c_{t-1} + i_t g_t`` (elementwise: the QRNN's ifo-pooling) over the gates
+        recomputed in one matmul from x_t and h_{t-1}."""
+        batch, time, _ = x.shape
+        out, _ = self.rnn(x, state)
+        out = out * mask.unsqueeze(-1).to(out.dtype)  # (B, T, H)
+        h0, c0 = (state if isinstance(state, tuple) else (state, None)) if state is not None else (None, None)
+        h0 = out.new_zeros(batch, self.hidden_size) if h0 is None else h0[0]
+        h_last = torch.where((lengths > 0).unsqueeze(1), out[torch.arange(batch), (lengths - 1).clamp(min=0)], h0)
+        if not isinstance(self.rnn, nn.LSTM):
+            return out, h_last.unsqueeze(0)
+        h_prev = torch.cat([h0.unsqueeze(1), out[:, :-1]], 1)  # h_{t-1} (B, T, H)
+        rnn = self.rnn
+        gates = F.linear(x, rnn.weight_ih_l0, rnn.bias_ih_l0 if rnn.bias else None) + F.linear(
+            h_prev, rnn.weight_hh_l0, rnn.bias_hh_l0 if rnn.bias else None
+        )
+        i, f, g, o = gates.view(batch, time, 4, self.hidden_size).unbind(2)  # torch's gate order
+        _, c_last = qrnn_pool(torch.stack([g, f, o, i], 2), lengths, None if c0 is None else c0[0], pooling="ifo")
+        return out, (h_last.unsqueeze(0), c_last.unsqueeze(0))
 
 
 def _keep_initial(final: State, initial: State, rows: Tensor) -> State:

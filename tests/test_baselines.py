@@ -1,5 +1,6 @@
 import pytest
 import torch
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from seqzoo import build_encoder
 from seqzoo.poolers import build_pooler
@@ -14,6 +15,45 @@ def test_rnn_contract(name, bidirectional, num_layers):
     enc = build_encoder(name, 6, hidden_size=5, num_layers=num_layers, bidirectional=bidirectional)
     assert enc.output_size == 5 * (2 if bidirectional else 1)
     assert_contract(enc)
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru"])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_unpacked_padded_batch_equals_torch_packing(monkeypatch, name, with_state):
+    """A padded batch of a single-layer unidirectional LSTM/GRU runs unpacked on CPU (torch's packed
+    backward is several times slower); outputs, final states and all gradients equal a packed run,
+    an empty row keeps its initial state."""
+    torch.manual_seed(0)
+    enc = build_encoder(name, 5, hidden_size=7).double()
+    x = torch.randn(4, 9, 5, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([9, 4, 0, 1])
+    mask = torch.arange(9) < lengths.unsqueeze(1)
+    h0, c0 = (torch.randn(1, 4, 7, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    state = ((h0, c0) if name == "lstm" else h0) if with_state else None
+
+    def run(unpacked: bool) -> list[torch.Tensor]:
+        if unpacked:
+            with monkeypatch.context() as patch:  # the packed path is not taken
+                patch.setattr("seqzoo.baselines.pack_padded_sequence", None)
+                out, final = enc(x, mask, state)
+        else:
+            packed = pack_padded_sequence(x, lengths.clamp(min=1), batch_first=True, enforce_sorted=False)
+            out, final = enc.rnn(packed, state)
+            out = pad_packed_sequence(out, batch_first=True, total_length=9)[0] * mask.unsqueeze(-1)
+        finals = list(final) if isinstance(final, tuple) else [final]
+        if not unpacked:  # torch ran the empty row for one step; the contract keeps its initial state
+            inits = [h0, c0] if with_state else [torch.zeros_like(f) for f in finals]
+            finals = [torch.cat([f[:, :2], i[:, 2:3], f[:, 3:]], 1) for f, i in zip(finals, inits, strict=False)]
+        weights = [
+            torch.randn(t.shape, generator=torch.Generator().manual_seed(3), dtype=t.dtype) for t in [out, *finals]
+        ]
+        loss = sum((t * w).sum() for t, w in zip([out, *finals], weights, strict=True))
+        leaves = [x, *enc.parameters(), *([h0, c0] if with_state else [])]
+        grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+        return [out, *finals, *(g if g is not None else torch.zeros(()) for g in grads)]
+
+    for a, b in zip(run(True), run(False), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("causal", [False, True])
