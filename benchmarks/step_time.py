@@ -1,0 +1,63 @@
+"""Training-step time of recipes side by side: seconds per step on the same real batches.
+
+Builds each config's task, takes the first ``--steps`` training batches of epoch 0 (of the first
+config; all configs must read the same training data), and times forward + backward + optimiser
+step of each model on each batch, interleaving the models round by round so that machine drift
+hits all of them alike. Prints one JSON object per config: median and total seconds, and the ratio
+of its total to the first config's. It answers "how much shorter is an epoch of A than of B?" in
+minutes; a whole epoch's wall-clock (``seqzoo train``) is the reference.
+
+    SEQZOO_DATA=../shared/data python benchmarks/step_time.py \\
+        configs/imdb_dense_qrnn.yaml configs/imdb_dense_lstm.yaml --steps 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+from seqzoo.config import load_config
+from seqzoo.runner import task_module
+from seqzoo.training import build_optimizer, set_seed, set_threads, update
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("configs", nargs="+")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="applied to every config")
+    args = parser.parse_args()
+    runs = []
+    for path in args.configs:
+        cfg = load_config(path, args.set)
+        set_seed(cfg.train.seed)
+        tasks = task_module(cfg.task).build_tasks(cfg)
+        if len(tasks) != 1:
+            parser.error(f"{path}: needs a single task (no folds), got {len(tasks)}")
+        task = tasks[0][1]
+        task.model.train()
+        runs.append((path, cfg, task, build_optimizer(list(task.model.parameters()), cfg.optim), []))
+    set_threads(runs[0][1].train)
+    batches = runs[0][2].train_batches(0)[: args.steps]
+    for batch in batches:
+        for _, cfg, task, optimizer, times in runs:
+            start = time.perf_counter()
+            update(task.model, optimizer, task.train_loss(batch).loss, cfg.optim.clip_norm)
+            times.append(time.perf_counter() - start)
+    first = sum(runs[0][4])
+    for path, _, task, _, times in runs:
+        record = {
+            "config": path,
+            "steps": len(times),
+            "median_s": round(statistics.median(times), 4),
+            "total_s": round(sum(times), 2),
+            "total_vs_first": round(sum(times) / first, 3),
+            "parameters": sum(p.numel() for p in task.model.parameters()),
+        }
+        print(json.dumps(record), flush=True)
+
+
+if __name__ == "__main__":
+    main()
