@@ -67,7 +67,6 @@ class _TorchRNN(Encoder):
             final = _keep_initial(final, state, empty)
         return out, final
 
-
     def _unpacked(self, x: Tensor, mask: Tensor, lengths: Tensor, state: State) -> tuple[Tensor, State]:
         """One layer, one direction, over the padded batch without packing. Pads come after each
         row's real tokens, so the outputs there are exact; the state after the last real token is
