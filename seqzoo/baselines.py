@@ -56,39 +56,39 @@ class _TorchRNN(Encoder):
             return self.rnn(x, state)
         lengths = lengths_from_mask(mask)
         if self.num_layers == 1 and not self.bidirectional and x.device.type == "cpu":
-            return self._unpacked(x, mask, lengths, state)
-        # Rows without any real token are run for one (zeroed) step, then restored below.
-        packed = pack_padded_sequence(x, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False)
-        out, final = self.rnn(packed, state)
-        out, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
+            out, final = self._unpacked(x, lengths, state)
+        else:  # rows without any real token are run for one (zeroed) step, then restored below
+            packed = pack_padded_sequence(x, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False)
+            out, final = self.rnn(packed, state)
+            out, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
         out = out * mask.unsqueeze(-1).to(out.dtype)
         empty = lengths == 0
         if bool(empty.any()):
             final = _keep_initial(final, state, empty)
         return out, final
 
-    def _unpacked(self, x: Tensor, mask: Tensor, lengths: Tensor, state: State) -> tuple[Tensor, State]:
+    def _unpacked(self, x: Tensor, lengths: Tensor, state: State) -> tuple[Tensor, State]:
         """One layer, one direction, over the padded batch without packing. Pads come after each
         row's real tokens, so the outputs there are exact; the state after the last real token is
         read back: h from the outputs, and the LSTM's c by running its cell recurrence
         ``c_t = f_t c_{t-1} + i_t g_t`` (elementwise: the QRNN's ifo-pooling) over the gates
-        recomputed in one matmul from x_t and h_{t-1}."""
+        recomputed in one matmul from x_t and h_{t-1}. Empty rows are restored by the caller."""
         batch, time, _ = x.shape
-        out, _ = self.rnn(x, state)
-        out = out * mask.unsqueeze(-1).to(out.dtype)  # (B, T, H)
-        h0, c0 = (state if isinstance(state, tuple) else (state, None)) if state is not None else (None, None)
-        h0 = out.new_zeros(batch, self.hidden_size) if h0 is None else h0[0]
-        h_last = torch.where((lengths > 0).unsqueeze(1), out[torch.arange(batch), (lengths - 1).clamp(min=0)], h0)
+        out, _ = self.rnn(x, state)  # (B, T, H); pads are masked by the caller
+        h_last = out[torch.arange(batch), (lengths - 1).clamp(min=0)].unsqueeze(0)  # (1, B, H)
         if not isinstance(self.rnn, nn.LSTM):
-            return out, h_last.unsqueeze(0)
-        h_prev = torch.cat([h0.unsqueeze(1), out[:, :-1]], 1)  # h_{t-1} (B, T, H)
-        rnn = self.rnn
-        gates = F.linear(x, rnn.weight_ih_l0, rnn.bias_ih_l0 if rnn.bias else None) + F.linear(
-            h_prev, rnn.weight_hh_l0, rnn.bias_hh_l0 if rnn.bias else None
-        )
-        i, f, g, o = gates.view(batch, time, 4, self.hidden_size).unbind(2)  # torch's gate order
-        _, c_last = qrnn_pool(torch.stack([g, f, o, i], 2), lengths, None if c0 is None else c0[0], pooling="ifo")
-        return out, (h_last.unsqueeze(0), c_last.unsqueeze(0))
+            return out, h_last
+        h0, c0 = state if state is not None else (out.new_zeros(1, batch, self.hidden_size), None)
+        h_prev = torch.cat([h0[0].unsqueeze(1), out[:, :-1]], 1)  # h_{t-1} (B, T, H)
+        rnn, order = self.rnn, [2, 1, 3, 0]  # torch's gate rows i, f, g, o -> the pooling's z, f, o, i
+
+        def pool_rows(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.view(4, self.hidden_size, *t.shape[1:])[order].flatten(0, 1)
+
+        gates = F.linear(x, pool_rows(rnn.weight_ih_l0), pool_rows(getattr(rnn, "bias_ih_l0", None)))
+        gates = gates + F.linear(h_prev, pool_rows(rnn.weight_hh_l0), pool_rows(getattr(rnn, "bias_hh_l0", None)))
+        _, c_last = qrnn_pool(gates.view(batch, time, 4, -1), lengths, None if c0 is None else c0[0], pooling="ifo")
+        return out, (h_last, c_last.unsqueeze(0))
 
 
 def _keep_initial(final: State, initial: State, rows: Tensor) -> State:
