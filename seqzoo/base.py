@@ -41,6 +41,7 @@ __all__ = [
     "detach_state",
     "lengths_from_mask",
     "register_encoder",
+    "reverse_padded",
 ]
 
 
@@ -116,6 +117,21 @@ def check_rate(name: str, value: float) -> float:
 def lengths_from_mask(mask: Tensor) -> Tensor:
     """Number of real tokens per row, (B,) int64."""
     return mask.sum(dim=1)
+
+
+def reverse_padded(x: Tensor, lengths: Tensor, time_dim: int = 1) -> Tensor:
+    """Each sequence's first ``lengths[b]`` steps in reverse order, pads left in place.
+
+    ``time_dim`` 1: batch-first x (B, T, ...); 0: time-major x (T, B, ...). The map is its own
+    inverse, so it also brings a reverse direction's outputs back in order.
+    """
+    time = torch.arange(x.shape[time_dim], device=x.device)
+    if time_dim == 1:
+        time, ends = time.unsqueeze(0), lengths.unsqueeze(1)  # broadcast to (B, T)
+    else:
+        time, ends = time.unsqueeze(1), lengths.unsqueeze(0)  # broadcast to (T, B)
+    index = torch.where(time < ends, ends - 1 - time, time)
+    return x.gather(time_dim, index.view(*index.shape, *([1] * (x.dim() - 2))).expand_as(x))
 
 
 def detach_state(state: State) -> State:

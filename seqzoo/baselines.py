@@ -1,11 +1,13 @@
 """Baseline encoders the papers compare against: LSTM, GRU (torch/cuDNN kernels) and a Transformer.
 
 LSTM: Hochreiter & Schmidhuber (1997); GRU: Cho et al. (2014); Transformer encoder:
-Vaswani et al. (2017). All follow the :mod:`seqzoo.base` contract; padding is handled by
-packing, so pad positions never reach the state or the backward direction. A padded batch of a
-single-layer unidirectional LSTM/GRU on CPU runs unpacked instead: torch's packed RNN backward is
-5-7x slower there (pytorch#149194), and since pads follow the real tokens only the state needs
-reading back (see ``_TorchRNN._unpacked``).
+Vaswani et al. (2017). All follow the :mod:`seqzoo.base` contract; pad positions never reach
+the state or the backward direction. A padded batch is packed, except on CPU with autograd on:
+there it runs unpacked, a layer and a direction at a time, because torch's packed RNN backward is
+slow on CPU (pytorch#149194; fwd+bwd 1.1-2.3x the unpacked time at B=16-32, T=50-200, H=128-320,
+``benchmarks/padded_rnn.py``). Pads follow the real tokens (a reverse direction reads each row's
+real tokens reversed), so only the state after the last real token needs reading back
+(``_one_direction``). Without autograd the packed forward is the faster one.
 """
 
 from __future__ import annotations
@@ -17,14 +19,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from seqzoo.base import Encoder, State, check_rate, lengths_from_mask, register_encoder
+from seqzoo.base import Encoder, State, check_rate, lengths_from_mask, register_encoder, reverse_padded
 from seqzoo.kernels import qrnn_pool
 
 __all__ = ["GRU", "LSTM", "TransformerEncoder", "sinusoidal_positions"]
 
 
 class _TorchRNN(Encoder):
-    """Shared wrapper around ``nn.LSTM`` / ``nn.GRU`` (batch first, packed when padded)."""
+    """Shared wrapper around ``nn.LSTM`` / ``nn.GRU`` (batch first; padded batches see the module docstring)."""
 
     rnn_class: type[nn.RNNBase]
 
@@ -55,7 +57,7 @@ class _TorchRNN(Encoder):
         if bool(mask.all()):
             return self.rnn(x, state)
         lengths = lengths_from_mask(mask)
-        if self.num_layers == 1 and not self.bidirectional and x.device.type == "cpu":
+        if x.device.type == "cpu" and torch.is_grad_enabled():  # training: see the module docstring
             out, final = self._unpacked(x, lengths, state)
         else:  # rows without any real token are run for one (zeroed) step, then restored below
             packed = pack_padded_sequence(x, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False)
@@ -68,27 +70,69 @@ class _TorchRNN(Encoder):
         return out, final
 
     def _unpacked(self, x: Tensor, lengths: Tensor, state: State) -> tuple[Tensor, State]:
-        """One layer, one direction, over the padded batch without packing. Pads come after each
-        row's real tokens, so the outputs there are exact; the state after the last real token is
-        read back: h from the outputs, and the LSTM's c by running its cell recurrence
-        ``c_t = f_t c_{t-1} + i_t g_t`` (elementwise: the QRNN's ifo-pooling) over the gates
-        recomputed in one matmul from x_t and h_{t-1}. Empty rows are restored by the caller."""
-        batch, time, _ = x.shape
-        out, _ = self.rnn(x, state)  # (B, T, H); pads are masked by the caller
-        h_last = out[torch.arange(batch), (lengths - 1).clamp(min=0)].unsqueeze(0)  # (1, B, H)
-        if not isinstance(self.rnn, nn.LSTM):
-            return out, h_last
-        h0, c0 = state if state is not None else (out.new_zeros(1, batch, self.hidden_size), None)
-        h_prev = torch.cat([h0[0].unsqueeze(1), out[:, :-1]], 1)  # h_{t-1} (B, T, H)
-        rnn, order = self.rnn, [2, 1, 3, 0]  # torch's gate rows i, f, g, o -> the pooling's z, f, o, i
+        """The padded batch without packing, one layer and direction at a time (as torch's CPU
+        kernel runs them), with torch's dropout between layers. A reverse direction runs over each
+        row's real tokens reversed (``reverse_padded``), so in every run the pads come after the
+        real tokens and the outputs there are exact. Empty rows are restored by the caller."""
+        rnn, lstm = self.rnn, isinstance(self.rnn, nn.LSTM)
+        directions = 2 if self.bidirectional else 1
+        if state is not None:
+            rnn.check_forward_args(x, state, None)  # torch's own shape errors
+        else:
+            zeros = x.new_zeros(self.num_layers * directions, x.shape[0], self.hidden_size)
+            state = (zeros, zeros) if lstm else zeros
+        h0, c0 = state if lstm else (state, None)
+        layer_input, h_finals, c_finals = x, [], []
+        for layer in range(self.num_layers):
+            if layer:
+                layer_input = F.dropout(layer_input, rnn.dropout, self.training)
+            outputs = []
+            for direction in range(directions):
+                k = layer * directions + direction
+                names = [f"{n}_l{layer}{'_reverse' if direction else ''}" for n in _RNN_PARAMETERS]
+                params = [getattr(rnn, n) for n in names if hasattr(rnn, n)]  # weights, then biases if any
+                inputs = reverse_padded(layer_input, lengths) if direction else layer_input
+                out, h, c = _one_direction(inputs, lengths, params, h0[k], None if c0 is None else c0[k])
+                outputs.append(reverse_padded(out, lengths) if direction else out)
+                h_finals.append(h)
+                c_finals.append(c)
+            layer_input = torch.cat(outputs, -1) if directions == 2 else outputs[0]
+        h_final = torch.stack(h_finals)  # (layers * directions, B, H)
+        return layer_input, ((h_final, torch.stack(c_finals)) if lstm else h_final)
 
-        def pool_rows(t: Tensor | None) -> Tensor | None:
-            return None if t is None else t.view(4, self.hidden_size, *t.shape[1:])[order].flatten(0, 1)
 
-        gates = F.linear(x, pool_rows(rnn.weight_ih_l0), pool_rows(getattr(rnn, "bias_ih_l0", None)))
-        gates = gates + F.linear(h_prev, pool_rows(rnn.weight_hh_l0), pool_rows(getattr(rnn, "bias_hh_l0", None)))
-        _, c_last = qrnn_pool(gates.view(batch, time, 4, -1), lengths, None if c0 is None else c0[0], pooling="ifo")
-        return out, (h_last, c_last.unsqueeze(0))
+_RNN_PARAMETERS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+
+
+def _one_direction(
+    x: Tensor, lengths: Tensor, params: list[Tensor], h0: Tensor, c0: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """One LSTM (``c0`` given) or GRU layer over padded x (B, T, D) whose pads follow the real
+    tokens: outputs (B, T, H), exact at real tokens, and the state (B, H) after each row's last
+    real token (meaningless for empty rows, which the caller restores). h is read from the
+    outputs; the LSTM's c by running its cell recurrence ``c_t = f_t c_{t-1} + i_t g_t``
+    (elementwise: the QRNN's ifo-pooling) over the gates recomputed in one matmul from x_t and
+    h_{t-1}."""
+    batch, time, _ = x.shape
+    bias = len(params) == 4
+    if c0 is None:
+        out = torch.gru(x, h0.unsqueeze(0), params, bias, 1, 0.0, False, False, True)[0]
+    else:
+        out = torch.lstm(x, (h0.unsqueeze(0), c0.unsqueeze(0)), params, bias, 1, 0.0, False, False, True)[0]
+    h_last = out[torch.arange(batch), (lengths - 1).clamp(min=0)]  # (B, H)
+    if c0 is None:
+        return out, h_last, None
+    h_prev = torch.cat([h0.unsqueeze(1), out[:, :-1]], 1)  # h_{t-1} (B, T, H)
+    hidden, order = h0.shape[-1], [2, 1, 3, 0]  # torch's gate rows i, f, g, o -> the pooling's z, f, o, i
+
+    def pool_rows(t: Tensor) -> Tensor:
+        return t.view(4, hidden, *t.shape[1:])[order].flatten(0, 1)
+
+    w_ih, w_hh, *biases = (pool_rows(p) for p in params)
+    b_ih, b_hh = biases if bias else (None, None)
+    gates = F.linear(x, w_ih, b_ih) + F.linear(h_prev, w_hh, b_hh)  # (B, T, 4H)
+    _, c_last = qrnn_pool(gates.view(batch, time, 4, hidden), lengths, c0, pooling="ifo")
+    return out, h_last, c_last
 
 
 def _keep_initial(final: State, initial: State, rows: Tensor) -> State:

@@ -41,9 +41,9 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from seqzoo.base import Encoder, State, lengths_from_mask
+from seqzoo.base import Encoder, State, lengths_from_mask, reverse_padded
 
-__all__ = ["RecurrentCell", "RecurrentCellEncoder", "StepFn", "compile_failure", "compiled_step", "reverse_padded"]
+__all__ = ["RecurrentCell", "RecurrentCellEncoder", "StepFn", "compile_failure", "compiled_step"]
 
 StepFn = Callable[[Tensor, Tensor], tuple[Tensor, Tensor | None]]
 
@@ -52,18 +52,6 @@ class RecurrentCell(Protocol):
     hidden_size: int
 
     def prepare(self, x: Tensor) -> tuple[Tensor, StepFn]: ...
-
-
-def reverse_padded(x: Tensor, lengths: Tensor) -> Tensor:
-    """Reverse each column of time-major ``x`` (T, B, ...) within its length; pads stay in place.
-
-    The map is its own inverse, so it also brings reverse-direction outputs back in order.
-    """
-    time = x.shape[0]
-    t = torch.arange(time, device=x.device).unsqueeze(1)  # (T, 1)
-    index = torch.where(t < lengths.unsqueeze(0), lengths.unsqueeze(0) - 1 - t, t)  # (T, B)
-    index = index.view(*index.shape, *([1] * (x.dim() - 2))).expand_as(x)
-    return x.gather(0, index)
 
 
 _compile_failure: str | None = None  # set by the first failed compile; later steps run eagerly
@@ -156,9 +144,9 @@ class RecurrentCellEncoder(Encoder):
             for direction in range(self.num_directions):
                 k = layer * self.num_directions + direction
                 reverse = direction == 1
-                inputs = reverse_padded(layer_input, lengths) if reverse else layer_input
+                inputs = reverse_padded(layer_input, lengths, time_dim=0) if reverse else layer_input
                 out, h, aux = _unroll(self.cells[k], inputs, steps, state[k], full, self.compile_step)
-                outputs.append(reverse_padded(out, lengths) if reverse else out)
+                outputs.append(reverse_padded(out, lengths, time_dim=0) if reverse else out)
                 finals.append(h)
                 if aux is not None:
                     aux_total = aux if aux_total is None else aux_total + aux

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqzoo.base import check_arguments, check_rate, lengths_from_mask
+from seqzoo.base import check_arguments, check_rate, lengths_from_mask, reverse_padded
 from seqzoo.baselines import LSTM
 from seqzoo.kernels import qrnn_pool, window_linear
 from seqzoo.qrnn import QRNNLayer, last_inputs
@@ -71,13 +71,6 @@ class EncoderOutput(NamedTuple):
             *(t.repeat_interleave(times, 0) for t in (self.memory, self.mask)),
             [f.repeat_interleave(times, 0) for f in self.finals],
         )
-
-
-def reverse_padded(x: Tensor, lengths: Tensor) -> Tensor:
-    """Each row's first ``lengths[b]`` positions in reverse order, pads left in place: x (B, T, ...)."""
-    time = torch.arange(x.shape[1], device=x.device)
-    index = torch.where(time < lengths.unsqueeze(1), lengths.unsqueeze(1) - 1 - time, time)  # (B, T)
-    return x.gather(1, index.view(*index.shape, *([1] * (x.dim() - 2))).expand_as(x))
 
 
 def _encoder_cells(layer: QRNNLayer, x: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:

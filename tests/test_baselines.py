@@ -3,6 +3,7 @@ import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from seqzoo import build_encoder
+from seqzoo.base import reverse_padded
 from seqzoo.poolers import build_pooler
 from seqzoo.testing import assert_contract, assert_padding_invariant
 
@@ -19,16 +20,19 @@ def test_rnn_contract(name, bidirectional, num_layers):
 
 @pytest.mark.parametrize("name", ["lstm", "gru"])
 @pytest.mark.parametrize("with_state", [False, True])
-def test_unpacked_padded_batch_equals_torch_packing(monkeypatch, name, with_state):
-    """A padded batch of a single-layer unidirectional LSTM/GRU runs unpacked on CPU (torch's packed
-    backward is several times slower); outputs, final states and all gradients equal a packed run,
-    an empty row keeps its initial state."""
+@pytest.mark.parametrize(("num_layers", "bidirectional"), [(1, False), (1, True), (2, False), (2, True)])
+def test_unpacked_padded_batch_equals_torch_packing(monkeypatch, name, with_state, num_layers, bidirectional):
+    """A padded batch of an LSTM/GRU runs unpacked on CPU (torch's packed backward is several times
+    slower); outputs, final states and all gradients equal a packed run, an empty row keeps its
+    initial state. The dropout between layers is 0 in eval mode."""
     torch.manual_seed(0)
-    enc = build_encoder(name, 5, hidden_size=7).double()
+    enc = build_encoder(name, 5, hidden_size=7, num_layers=num_layers, bidirectional=bidirectional, dropout=0.5)
+    enc = enc.double().eval()
     x = torch.randn(4, 9, 5, dtype=torch.float64, requires_grad=True)
     lengths = torch.tensor([9, 4, 0, 1])
     mask = torch.arange(9) < lengths.unsqueeze(1)
-    h0, c0 = (torch.randn(1, 4, 7, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    shape = (num_layers * (2 if bidirectional else 1), 4, 7)
+    h0, c0 = (torch.randn(shape, dtype=torch.float64, requires_grad=True) for _ in range(2))
     state = ((h0, c0) if name == "lstm" else h0) if with_state else None
 
     def run(unpacked: bool) -> list[torch.Tensor]:
@@ -40,6 +44,7 @@ def test_unpacked_padded_batch_equals_torch_packing(monkeypatch, name, with_stat
             packed = pack_padded_sequence(x, lengths.clamp(min=1), batch_first=True, enforce_sorted=False)
             out, final = enc.rnn(packed, state)
             out = pad_packed_sequence(out, batch_first=True, total_length=9)[0] * mask.unsqueeze(-1)
+            assert out.shape[-1] == enc.output_size
         finals = list(final) if isinstance(final, tuple) else [final]
         if not unpacked:  # torch ran the empty row for one step; the contract keeps its initial state
             inits = [h0, c0] if with_state else [torch.zeros_like(f) for f in finals]
@@ -54,6 +59,38 @@ def test_unpacked_padded_batch_equals_torch_packing(monkeypatch, name, with_stat
 
     for a, b in zip(run(True), run(False), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru"])
+def test_unpacked_dropout_between_layers_in_training(monkeypatch, name):
+    """In training the unpacked path drops the second layer's input like torch does: at rate 1 the
+    second layer sees zeros, so both paths agree exactly (lower rates draw different masks)."""
+    torch.manual_seed(0)
+    enc = build_encoder(name, 5, hidden_size=7, num_layers=2, bidirectional=True).train()
+    enc.rnn.dropout = 1.0
+    x, lengths = torch.randn(3, 6, 5), torch.tensor([6, 2, 4])
+    mask = torch.arange(6) < lengths.unsqueeze(1)
+    with monkeypatch.context() as patch:
+        patch.setattr("seqzoo.baselines.pack_padded_sequence", None)
+        out = enc(x, mask)[0]
+    packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+    expected = pad_packed_sequence(enc.rnn(packed)[0], batch_first=True, total_length=6)[0]
+    torch.testing.assert_close(out, expected * mask.unsqueeze(-1))
+
+
+def test_unpacked_checks_the_state_shape():
+    enc = build_encoder("lstm", 3, hidden_size=4, num_layers=2)
+    x, mask = torch.randn(2, 5, 3), torch.arange(5) < torch.tensor([[3], [5]])
+    with pytest.raises(RuntimeError, match="Expected hidden"):
+        enc(x, mask, (torch.zeros(1, 2, 4), torch.zeros(1, 2, 4)))
+
+
+def test_reverse_padded_flips_real_tokens_only():
+    x = torch.tensor([[4, 5, 6], [7, 8, 0]])
+    lengths = torch.tensor([3, 2])
+    torch.testing.assert_close(reverse_padded(x, lengths), torch.tensor([[6, 5, 4], [8, 7, 0]]))
+    torch.testing.assert_close(reverse_padded(x.t(), lengths, time_dim=0), torch.tensor([[6, 5, 4], [8, 7, 0]]).t())
+    torch.testing.assert_close(reverse_padded(reverse_padded(x, lengths), lengths), x)
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -11,7 +11,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from seqzoo.base import lengths_from_mask
 from seqzoo.cli import main
 from seqzoo.config import load_config
 from seqzoo.data.batching import pad_batch
@@ -26,7 +25,6 @@ from seqzoo.seq2seq import (
     beam_search,
     build_seq2seq,
     length_normalized_score,
-    reverse_padded,
 )
 from seqzoo.testing import assert_contract
 
@@ -70,11 +68,6 @@ def test_non_causal_qrnn_contract():
     encoder = QRNN(6, 5, num_layers=2, window=[4, 2], causal=False)
     assert not encoder.causal and not encoder.stateful
     assert_contract(encoder)
-
-
-def test_reverse_padded_flips_real_tokens_only():
-    ids, mask = pad_batch([[4, 5, 6], [7, 8]])
-    torch.testing.assert_close(reverse_padded(ids, lengths_from_mask(mask)), torch.tensor([[6, 5, 4], [8, 7, 0]]))
 
 
 @pytest.mark.parametrize("kind", KINDS)
