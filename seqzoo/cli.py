@@ -7,6 +7,7 @@ import importlib
 import json
 import logging
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -125,19 +126,26 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
+    from seqzoo.data.errors import DataError
     from seqzoo.data.io import open_text
     from seqzoo.runner import load_task
 
     runs = _trained_runs(args.run_dir)
     task = load_task(runs[0], with_data=False)
     if not hasattr(task, "predict"):
-        raise ConfigError(f"{runs[0]}: `seqzoo predict` serves classification and translation runs, not this one")
-    if args.input in (None, "-"):
-        texts = [line.rstrip("\r\n") for line in sys.stdin if line.strip()]
-    else:
-        with open_text(args.input) as lines:
-            texts = [line.rstrip("\r\n") for line in lines if line.strip()]
-    for text, result in zip(texts, task.predict(texts), strict=True):
+        raise ConfigError(
+            f"{runs[0]}: `seqzoo predict` serves classification, aspect sentiment and translation runs, not this one"
+        )
+    source = "<stdin>" if args.input in (None, "-") else args.input
+    with nullcontext(sys.stdin) if source == "<stdin>" else open_text(source) as lines:
+        numbered = [(n, line.rstrip("\r\n")) for n, line in enumerate(lines, 1) if line.strip()]
+    try:
+        results = task.predict([text for _, text in numbered])
+    except DataError as err:  # the task numbers the texts; name the input's own line
+        if err.line is None or err.path is not None:
+            raise
+        raise DataError(err.message, source, numbered[err.line - 1][0]) from None
+    for (_, text), result in zip(numbered, results, strict=True):
         print(json.dumps({"text": text, **result}, ensure_ascii=False))
     return 0
 
@@ -244,7 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--split", default="test", choices=["train", "dev", "test"])
     evaluate.set_defaults(func=_evaluate)
     predict = sub.add_parser(
-        "predict", help="classify or translate texts (one per line) with a trained run; JSON lines out"
+        "predict",
+        help="classify or translate texts (one per line; aspect sentiment: sentence<TAB>aspect term) "
+        "with a trained run; JSON lines out",
     )
     predict.add_argument("run_dir")
     predict.add_argument("--input", help="file with one text per line (default: stdin)")

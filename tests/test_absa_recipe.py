@@ -5,12 +5,14 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from seqzoo.cli import main
 from seqzoo.config import load_config
-from seqzoo.data.absa import hard_subset, hold_out_sentences, read_semeval2014
+from seqzoo.data.absa import POLARITIES, AspectExample, hard_subset, hold_out_sentences, read_semeval2014
 from seqzoo.data.errors import DataError
-from seqzoo.tasks.absa import load_splits
+from seqzoo.runner import load_task
+from seqzoo.tasks.absa import load_splits, make_batch
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "absa"
@@ -105,6 +107,32 @@ def test_train_two_seeds_then_evaluate(semeval, tmp_path, capsys, subset, test_e
         assert line["accuracy"] == pytest.approx(summary["runs"][seed]["test_accuracy"])
         assert line["examples"] == test_examples
     if subset == "ds":  # the hidden-state plot reads an ABSA run too (its data config has no max_len)
+        check_predict(run_dir / "seed-1", tmp_path, capsys)
         out = tmp_path / "hidden.png"
         assert main(["plot-hidden", str(run_dir / "seed-1"), "--text", "the food was great", "--out", str(out)]) == 0
         assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def check_predict(run_dir, tmp_path, capsys):
+    """`seqzoo predict` on an ABSA run reads ``sentence<TAB>aspect term`` lines and gives what the
+    model gives on the same tokens; a line without the tab is an error naming the file's line."""
+    sentence, aspects = "The food was great but the service was slow.", ["food", "service"]
+    texts = tmp_path / "aspects.tsv"
+    texts.write_text(f"{sentence}\t{aspects[0]}\n\n{sentence}\t{aspects[1]}\n")
+    assert main(["predict", str(run_dir), "--input", str(texts)]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert [row["aspect"] for row in rows] == aspects
+    task = load_task(run_dir, with_data=False)
+    spans = [(sentence.index(a), sentence.index(a) + len(a)) for a in aspects]
+    examples = [AspectExample("s", 0, sentence, a, *span, "neutral") for a, span in zip(aspects, spans, strict=True)]
+    batch = make_batch(examples, task.vocab, task.tokenizer)
+    with torch.no_grad():
+        probs = torch.softmax(task.model.eval()(batch.ids, batch.mask, batch.aspect_ids, batch.aspect_mask), -1)
+    for row, expected in zip(rows, probs.tolist(), strict=True):
+        assert list(row["probabilities"]) == list(POLARITIES)
+        assert list(row["probabilities"].values()) == pytest.approx(expected, abs=1e-6)
+        assert row["label"] == POLARITIES[max(range(len(expected)), key=expected.__getitem__)]
+
+    texts.write_text(f"{sentence}\t{aspects[0]}\n\n{sentence} without a tab\n")
+    assert main(["predict", str(run_dir), "--input", str(texts)]) == 2
+    assert f"{texts}:3: expected 'sentence<TAB>aspect term'" in capsys.readouterr().err

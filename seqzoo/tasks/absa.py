@@ -37,7 +37,7 @@ from seqzoo.data.batching import bucket_batches, pad_batch
 from seqzoo.data.errors import DataError
 from seqzoo.data.text import Tokenizer, Vocab
 from seqzoo.poolers import build_pooler
-from seqzoo.tasks.common import accuracy_and_loss, epoch_seed, pretrained_vectors
+from seqzoo.tasks.common import accuracy_and_loss, class_probabilities, epoch_seed, pretrained_vectors
 from seqzoo.training import StepLoss
 
 __all__ = [
@@ -209,6 +209,29 @@ class ABSATask:
         batches = (self._batch(split, idx) for idx in bucket_batches(self._lengths(split), size, shuffle=False))
         metrics = accuracy_and_loss(self.model, ((self._logits(b), b.labels) for b in batches))
         return {**metrics, "examples": len(self.splits[split])}
+
+    @torch.no_grad()
+    def predict(self, texts: list[str]) -> list[dict[str, Any]]:
+        """``seqzoo predict``: each text is ``sentence<TAB>aspect term``; gives the aspect, its most
+        probable polarity and each polarity's probability. A text without the tab raises a
+        :class:`DataError` with its (1-based) position as ``line``."""
+        self.model.eval()
+        pairs = []
+        for line, text in enumerate(texts, 1):
+            sentence, tab, aspect = text.rpartition("\t")
+            if not (tab and sentence.strip() and aspect.strip()):
+                raise DataError(f"expected 'sentence<TAB>aspect term', got {text!r}", line=line)
+            pairs.append((sentence, aspect.strip()))
+        unk = [self.vocab.token_to_id(Vocab.UNK)]
+        results: list[dict[str, Any]] = []
+        size = self.config.train.eval_batch_size
+        for start in range(0, len(pairs), size):
+            chunk = pairs[start : start + size]
+            ids, mask = pad_batch([self.vocab.encode(self.tokenizer(s)) or unk for s, _ in chunk])
+            aspect_ids, aspect_mask = pad_batch([self.vocab.encode(self.tokenizer(a)) or unk for _, a in chunk])
+            rows = class_probabilities(self.model(ids, mask, aspect_ids, aspect_mask), POLARITIES)
+            results.extend({"aspect": aspect, **row} for (_, aspect), row in zip(chunk, rows, strict=True))
+        return results
 
     def documents(self) -> dict[str, Any]:
         return {"vocab.json": self.vocab.to_dict(), "tokenizer.json": self.tokenizer.to_dict()}

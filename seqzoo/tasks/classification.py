@@ -22,7 +22,7 @@ from seqzoo.data.classification import ClassificationData, LabeledText, LabelSet
 from seqzoo.data.errors import DataError
 from seqzoo.data.text import Tokenizer, Vocab
 from seqzoo.poolers import build_pooler
-from seqzoo.tasks.common import accuracy_and_loss, epoch_seed, pretrained_vectors
+from seqzoo.tasks.common import accuracy_and_loss, class_probabilities, epoch_seed, pretrained_vectors
 from seqzoo.training import StepLoss
 
 __all__ = ["ClassificationTask", "TextClassifier", "build_tasks", "load_data", "load_trained"]
@@ -143,15 +143,7 @@ class ClassificationTask:
         size = self.config.train.eval_batch_size
         for start in range(0, len(ids), size):
             batch, mask = pad_batch(ids[start : start + size])
-            probs = torch.softmax(self.model(batch, mask), dim=-1)
-            for row in probs.tolist():
-                best = max(range(len(row)), key=row.__getitem__)
-                results.append(
-                    {
-                        "label": self.labels.decode(best),
-                        "probabilities": {self.labels.decode(i): p for i, p in enumerate(row)},
-                    }
-                )
+            results.extend(class_probabilities(self.model(batch, mask), list(self.labels)))
         return results
 
     def documents(self) -> dict[str, Any]:

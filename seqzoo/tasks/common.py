@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -57,3 +58,12 @@ def accuracy_and_loss(model: nn.Module, logits_and_labels: Iterable[tuple[Tensor
     finally:
         model.train(was_training)
     return {"accuracy": correct / max(n, 1), "loss": loss_sum / max(n, 1)}
+
+
+def class_probabilities(logits: Tensor, names: Sequence[str]) -> list[dict[str, Any]]:
+    """``seqzoo predict`` rows from logits (B, C): the most probable class and each class's probability."""
+    rows = []
+    for row in torch.softmax(logits, dim=-1).tolist():
+        best = max(range(len(row)), key=row.__getitem__)
+        rows.append({"label": names[best], "probabilities": dict(zip(names, row, strict=True))})
+    return rows
