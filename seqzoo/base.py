@@ -119,12 +119,14 @@ def lengths_from_mask(mask: Tensor) -> Tensor:
     return mask.sum(dim=1)
 
 
-def reverse_padded(x: Tensor, lengths: Tensor, time_dim: int = 1) -> Tensor:
+def reverse_padded(x: Tensor, lengths: Tensor, *, time_dim: int) -> Tensor:
     """Each sequence's first ``lengths[b]`` steps in reverse order, pads left in place.
 
     ``time_dim`` 1: batch-first x (B, T, ...); 0: time-major x (T, B, ...). The map is its own
     inverse, so it also brings a reverse direction's outputs back in order.
     """
+    if time_dim not in (0, 1):
+        raise ValueError(f"time_dim must be 0 (time-major) or 1 (batch-first), got {time_dim}")
     time = torch.arange(x.shape[time_dim], device=x.device)
     if time_dim == 1:
         time, ends = time.unsqueeze(0), lengths.unsqueeze(1)  # broadcast to (B, T)

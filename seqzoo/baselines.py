@@ -2,12 +2,13 @@
 
 LSTM: Hochreiter & Schmidhuber (1997); GRU: Cho et al. (2014); Transformer encoder:
 Vaswani et al. (2017). All follow the :mod:`seqzoo.base` contract; pad positions never reach
-the state or the backward direction. A padded batch is packed, except on CPU with autograd on:
-there it runs unpacked, a layer and a direction at a time, because torch's packed RNN backward is
-slow on CPU (pytorch#149194; fwd+bwd 1.1-2.3x the unpacked time at B=16-32, T=50-200, H=128-320,
-``benchmarks/padded_rnn.py``). Pads follow the real tokens (a reverse direction reads each row's
-real tokens reversed), so only the state after the last real token needs reading back
-(``_one_direction``). Without autograd the packed forward is the faster one.
+the state or the backward direction. A padded batch is packed, except on CPU in training when at
+least half of it is real tokens: there it runs unpacked, a layer and a direction at a time,
+because torch's packed RNN backward is slow on CPU (pytorch#149194; fwd+bwd 1.1-2.3x the unpacked
+time at B=16-32, T=50-200, H=128-320 with lengths in [T/2, T], ``benchmarks/padded_rnn.py``).
+Pads follow the real tokens (a reverse direction reads each row's real tokens reversed), so only
+the state after the last real token needs reading back (``_one_direction``). Without autograd,
+or with mostly padding (under a third to a half real tokens), the packed run is the faster one.
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ class _TorchRNN(Encoder):
         if bool(mask.all()):
             return self.rnn(x, state)
         lengths = lengths_from_mask(mask)
-        if x.device.type == "cpu" and torch.is_grad_enabled():  # training: see the module docstring
-            out, final = self._unpacked(x, lengths, state)
+        if self._run_unpacked(x, lengths, state):  # pads are zeroed: NaN * 0 would stay NaN
+            out, final = self._unpacked(x.masked_fill(~mask.unsqueeze(-1), 0.0), lengths, state)
         else:  # rows without any real token are run for one (zeroed) step, then restored below
             packed = pack_padded_sequence(x, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False)
             out, final = self.rnn(packed, state)
@@ -68,6 +69,14 @@ class _TorchRNN(Encoder):
         if bool(empty.any()):
             final = _keep_initial(final, state, empty)
         return out, final
+
+    def _run_unpacked(self, x: Tensor, lengths: Tensor, state: State) -> bool:
+        """Whether a padded batch runs unpacked: on CPU, when autograd will run backward through the
+        RNN, and when at least half of the batch's B x T positions are real tokens (the unpacked
+        run also steps through the pads; below about a third real it is the slower one)."""
+        states = state if isinstance(state, tuple) else () if state is None else (state,)
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *self.parameters(), *states))
+        return x.device.type == "cpu" and needs_grad and 2 * int(lengths.sum()) >= x.shape[0] * x.shape[1]
 
     def _unpacked(self, x: Tensor, lengths: Tensor, state: State) -> tuple[Tensor, State]:
         """The padded batch without packing, one layer and direction at a time (as torch's CPU
@@ -85,15 +94,15 @@ class _TorchRNN(Encoder):
         layer_input, h_finals, c_finals = x, [], []
         for layer in range(self.num_layers):
             if layer:
-                layer_input = F.dropout(layer_input, rnn.dropout, self.training)
+                layer_input = F.dropout(layer_input, rnn.dropout, rnn.training)
             outputs = []
             for direction in range(directions):
                 k = layer * directions + direction
                 names = [f"{n}_l{layer}{'_reverse' if direction else ''}" for n in _RNN_PARAMETERS]
                 params = [getattr(rnn, n) for n in names if hasattr(rnn, n)]  # weights, then biases if any
-                inputs = reverse_padded(layer_input, lengths) if direction else layer_input
+                inputs = reverse_padded(layer_input, lengths, time_dim=1) if direction else layer_input
                 out, h, c = _one_direction(inputs, lengths, params, h0[k], None if c0 is None else c0[k])
-                outputs.append(reverse_padded(out, lengths) if direction else out)
+                outputs.append(reverse_padded(out, lengths, time_dim=1) if direction else out)
                 h_finals.append(h)
                 c_finals.append(c)
             layer_input = torch.cat(outputs, -1) if directions == 2 else outputs[0]

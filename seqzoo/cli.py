@@ -257,7 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
         "with a trained run; JSON lines out",
     )
     predict.add_argument("run_dir")
-    predict.add_argument("--input", help="file with one text per line (default: stdin)")
+    predict.add_argument(
+        "--input", help="file with one text per line (aspect sentiment: sentence<TAB>aspect term; default: stdin)"
+    )
     predict.set_defaults(func=_predict)
     gen = sub.add_parser("sample", help="generate text from a trained language model run")
     gen.add_argument("run_dir")

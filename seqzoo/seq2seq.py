@@ -141,7 +141,7 @@ class Seq2Seq(nn.Module):
         lengths = lengths_from_mask(src_mask)
         if int(lengths.min()) < 1:
             raise ValueError("every source row needs at least one real token")
-        return self.dropout(self.embedding(reverse_padded(src, lengths))), lengths
+        return self.dropout(self.embedding(reverse_padded(src, lengths, time_dim=1))), lengths
 
     def encode(self, src: Tensor, src_mask: Tensor) -> EncoderOutput:
         """src (B, S) ids, src_mask (B, S) -> memory (B, S, H) and the final state of every layer."""

@@ -133,6 +133,7 @@ def check_predict(run_dir, tmp_path, capsys):
         assert list(row["probabilities"].values()) == pytest.approx(expected, abs=1e-6)
         assert row["label"] == POLARITIES[max(range(len(expected)), key=expected.__getitem__)]
 
-    texts.write_text(f"{sentence}\t{aspects[0]}\n\n{sentence} without a tab\n")
-    assert main(["predict", str(run_dir), "--input", str(texts)]) == 2
-    assert f"{texts}:3: expected 'sentence<TAB>aspect term'" in capsys.readouterr().err
+    for bad in (f"{sentence} without a tab", f"{sentence}\tfood\tservice", f"{sentence}\t "):
+        texts.write_text(f"{sentence}\t{aspects[0]}\n\n{bad}\n")
+        assert main(["predict", str(run_dir), "--input", str(texts)]) == 2
+        assert f"{texts}:3: expected 'sentence<TAB>aspect term'" in capsys.readouterr().err

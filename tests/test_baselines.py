@@ -29,7 +29,7 @@ def test_unpacked_padded_batch_equals_torch_packing(monkeypatch, name, with_stat
     enc = build_encoder(name, 5, hidden_size=7, num_layers=num_layers, bidirectional=bidirectional, dropout=0.5)
     enc = enc.double().eval()
     x = torch.randn(4, 9, 5, dtype=torch.float64, requires_grad=True)
-    lengths = torch.tensor([9, 4, 0, 1])
+    lengths = torch.tensor([9, 7, 0, 3])  # over half real: the unpacked path
     mask = torch.arange(9) < lengths.unsqueeze(1)
     shape = (num_layers * (2 if bidirectional else 1), 4, 7)
     h0, c0 = (torch.randn(shape, dtype=torch.float64, requires_grad=True) for _ in range(2))
@@ -78,6 +78,39 @@ def test_unpacked_dropout_between_layers_in_training(monkeypatch, name):
     torch.testing.assert_close(out, expected * mask.unsqueeze(-1))
 
 
+@pytest.mark.parametrize("name", ["lstm", "gru"])
+def test_unpacked_ignores_non_finite_pads(name):
+    """Pad positions may hold anything (NaN included): outputs there stay zero, gradients finite."""
+    torch.manual_seed(0)
+    enc = build_encoder(name, 5, hidden_size=7, num_layers=2, bidirectional=True).double()
+    lengths = torch.tensor([6, 2, 5])
+    mask = torch.arange(6) < lengths.unsqueeze(1)
+    clean = torch.randn(3, 6, 5, dtype=torch.float64).masked_fill(~mask.unsqueeze(-1), 0.0)
+    results = []
+    for pad in (0.0, float("nan")):
+        x = clean.masked_fill(~mask.unsqueeze(-1), pad).requires_grad_()
+        out, _ = enc(x, mask)
+        out.sum().backward()
+        grads = [p.grad.clone() for p in enc.parameters()]
+        enc.zero_grad()
+        results.append([out, x.grad.masked_fill(~mask.unsqueeze(-1), 0.0), *grads])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_unpacked_only_where_it_pays():
+    """Unpacked on CPU when backward runs through the RNN and at least half the positions are real."""
+    enc = build_encoder("gru", 3, hidden_size=4)
+    x = torch.randn(4, 10, 3)
+    half, third = torch.tensor([10, 10, 10, 10 * 4 // 2 - 30]), torch.tensor([10, 1, 1, 1])
+    assert enc._run_unpacked(x, half, None) and not enc._run_unpacked(x, third, None)
+    with torch.no_grad():
+        assert not enc._run_unpacked(x, half, None)
+    enc.requires_grad_(False)
+    assert not enc._run_unpacked(x, half, None)  # nothing to differentiate
+    assert enc._run_unpacked(x.requires_grad_(), half, None)
+
+
 def test_unpacked_checks_the_state_shape():
     enc = build_encoder("lstm", 3, hidden_size=4, num_layers=2)
     x, mask = torch.randn(2, 5, 3), torch.arange(5) < torch.tensor([[3], [5]])
@@ -88,9 +121,11 @@ def test_unpacked_checks_the_state_shape():
 def test_reverse_padded_flips_real_tokens_only():
     x = torch.tensor([[4, 5, 6], [7, 8, 0]])
     lengths = torch.tensor([3, 2])
-    torch.testing.assert_close(reverse_padded(x, lengths), torch.tensor([[6, 5, 4], [8, 7, 0]]))
+    torch.testing.assert_close(reverse_padded(x, lengths, time_dim=1), torch.tensor([[6, 5, 4], [8, 7, 0]]))
     torch.testing.assert_close(reverse_padded(x.t(), lengths, time_dim=0), torch.tensor([[6, 5, 4], [8, 7, 0]]).t())
-    torch.testing.assert_close(reverse_padded(reverse_padded(x, lengths), lengths), x)
+    torch.testing.assert_close(reverse_padded(reverse_padded(x, lengths, time_dim=1), lengths, time_dim=1), x)
+    with pytest.raises(ValueError, match="time_dim"):
+        reverse_padded(x, lengths, time_dim=2)
 
 
 @pytest.mark.parametrize("causal", [False, True])

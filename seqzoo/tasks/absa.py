@@ -218,8 +218,8 @@ class ABSATask:
         self.model.eval()
         pairs = []
         for line, text in enumerate(texts, 1):
-            sentence, tab, aspect = text.rpartition("\t")
-            if not (tab and sentence.strip() and aspect.strip()):
+            sentence, _, aspect = text.partition("\t")
+            if text.count("\t") != 1 or not (sentence.strip() and aspect.strip()):
                 raise DataError(f"expected 'sentence<TAB>aspect term', got {text!r}", line=line)
             pairs.append((sentence, aspect.strip()))
         unk = [self.vocab.token_to_id(Vocab.UNK)]
