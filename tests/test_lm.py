@@ -247,7 +247,7 @@ def test_sample_function_and_cli(corpus, tmp_path, capsys):
     assert main(["sample", str(tmp_path / "r"), "--length", "0", "--prime", "the cat"]) == 0
     assert capsys.readouterr().out == "the cat\n"
     assert main(["predict", str(tmp_path / "r")]) == 2  # a language model has nothing to classify
-    assert "serves classification and translation runs" in capsys.readouterr().err
+    assert "serves classification, aspect sentiment and translation runs" in capsys.readouterr().err
 
 
 def test_missing_split_file_is_a_clear_error(corpus, tmp_path):
