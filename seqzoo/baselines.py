@@ -58,6 +58,7 @@ class _TorchRNN(Encoder):
         if bool(mask.all()):
             return self.rnn(x, state)
         lengths = lengths_from_mask(mask)
+        self.rnn.check_input(x, None)  # torch's clear dtype error (packing hides it)
         if self._run_unpacked(x, lengths, state):  # pads are zeroed: NaN * 0 would stay NaN
             out, final = self._unpacked(x.masked_fill(~mask.unsqueeze(-1), 0.0), lengths, state)
         else:  # rows without any real token are run for one (zeroed) step, then restored below
@@ -86,7 +87,7 @@ class _TorchRNN(Encoder):
         rnn, lstm = self.rnn, isinstance(self.rnn, nn.LSTM)
         directions = 2 if self.bidirectional else 1
         if state is not None:
-            rnn.check_forward_args(x, state, None)  # torch's own shape errors
+            rnn.check_forward_args(x, state, None)
         else:
             zeros = x.new_zeros(self.num_layers * directions, x.shape[0], self.hidden_size)
             state = (zeros, zeros) if lstm else zeros

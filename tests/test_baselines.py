@@ -116,6 +116,10 @@ def test_unpacked_checks_the_state_shape():
     x, mask = torch.randn(2, 5, 3), torch.arange(5) < torch.tensor([[3], [5]])
     with pytest.raises(RuntimeError, match="Expected hidden"):
         enc(x, mask, (torch.zeros(1, 2, 4), torch.zeros(1, 2, 4)))
+    enc.double()
+    for grad in (True, False):  # the unpacked and the packed path
+        with torch.set_grad_enabled(grad), pytest.raises(ValueError, match="does not match weight dtype"):
+            enc(x, mask)
 
 
 def test_reverse_padded_flips_real_tokens_only():
