@@ -8,7 +8,7 @@ because torch's packed RNN backward is slow on CPU (pytorch#149194; fwd+bwd 1.1-
 time at B=16-32, T=50-200, H=128-320 with lengths in [T/2, T], ``benchmarks/padded_rnn.py``).
 Pads follow the real tokens (a reverse direction reads each row's real tokens reversed), so only
 the state after the last real token needs reading back (``_one_direction``). Without autograd,
-or with mostly padding (under a third to a half real tokens), the packed run is the faster one.
+or with mostly padding (under a quarter to a half real tokens), the packed run is the faster one.
 """
 
 from __future__ import annotations
@@ -58,7 +58,10 @@ class _TorchRNN(Encoder):
         if bool(mask.all()):
             return self.rnn(x, state)
         lengths = lengths_from_mask(mask)
-        self.rnn.check_input(x, None)  # torch's clear dtype error (packing hides it)
+        if state is None:  # torch's own dtype and state-shape errors, for both paths (packing hides the dtype one)
+            self.rnn.check_input(x, None)
+        else:
+            self.rnn.check_forward_args(x, state, None)
         if self._run_unpacked(x, lengths, state):  # pads are zeroed: NaN * 0 would stay NaN
             out, final = self._unpacked(x.masked_fill(~mask.unsqueeze(-1), 0.0), lengths, state)
         else:  # rows without any real token are run for one (zeroed) step, then restored below
@@ -74,7 +77,7 @@ class _TorchRNN(Encoder):
     def _run_unpacked(self, x: Tensor, lengths: Tensor, state: State) -> bool:
         """Whether a padded batch runs unpacked: on CPU, when autograd will run backward through the
         RNN, and when at least half of the batch's B x T positions are real tokens (the unpacked
-        run also steps through the pads; below about a third real it is the slower one)."""
+        run also steps through the pads; below a quarter to a half real, it was the slower one)."""
         states = state if isinstance(state, tuple) else () if state is None else (state,)
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *self.parameters(), *states))
         return x.device.type == "cpu" and needs_grad and 2 * int(lengths.sum()) >= x.shape[0] * x.shape[1]
@@ -86,9 +89,7 @@ class _TorchRNN(Encoder):
         real tokens and the outputs there are exact. Empty rows are restored by the caller."""
         rnn, lstm = self.rnn, isinstance(self.rnn, nn.LSTM)
         directions = 2 if self.bidirectional else 1
-        if state is not None:
-            rnn.check_forward_args(x, state, None)
-        else:
+        if state is None:
             zeros = x.new_zeros(self.num_layers * directions, x.shape[0], self.hidden_size)
             state = (zeros, zeros) if lstm else zeros
         h0, c0 = state if lstm else (state, None)
