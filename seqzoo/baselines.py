@@ -6,9 +6,11 @@ the state or the backward direction. A padded batch is packed, except on CPU in 
 least half of it is real tokens: there it runs unpacked, a layer and a direction at a time,
 because torch's packed RNN backward is slow on CPU (pytorch#149194; fwd+bwd 1.1-2.3x the unpacked
 time at B=16-32, T=50-200, H=128-320 with lengths in [T/2, T], ``benchmarks/padded_rnn.py``).
-Pads follow the real tokens (a reverse direction reads each row's real tokens reversed), so only
-the state after the last real token needs reading back (``_one_direction``). Without autograd,
-or with mostly padding (under a quarter to a half real tokens), the packed run is the faster one.
+Pads follow the real tokens (a reverse direction reads each row's real tokens reversed). The GRU
+runs over the whole padded batch and reads each row's state from its outputs; the LSTM, whose c is
+not in its outputs, runs in time segments that end where rows end (``_lstm_by_length``). Without
+autograd, or with mostly padding (under a quarter to a half real tokens), the packed run is the
+faster one.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from seqzoo.base import Encoder, State, check_rate, lengths_from_mask, register_encoder, reverse_padded
-from seqzoo.kernels import qrnn_pool
 
 __all__ = ["GRU", "LSTM", "TransformerEncoder", "sinusoidal_positions"]
 
@@ -120,30 +121,44 @@ def _one_direction(
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """One LSTM (``c0`` given) or GRU layer over padded x (B, T, D) whose pads follow the real
     tokens: outputs (B, T, H), exact at real tokens, and the state (B, H) after each row's last
-    real token (meaningless for empty rows, which the caller restores). h is read from the
-    outputs; the LSTM's c by running its cell recurrence ``c_t = f_t c_{t-1} + i_t g_t``
-    (elementwise: the QRNN's ifo-pooling) over the gates recomputed in one matmul from x_t and
-    h_{t-1}."""
-    batch, time, _ = x.shape
+    real token (meaningless for empty rows, which the caller restores). The GRU runs once over
+    the whole batch and reads h from its outputs; the LSTM's c is not in its outputs, so the LSTM
+    runs by length (``_lstm_by_length``)."""
     bias = len(params) == 4
-    if c0 is None:
-        out = torch.gru(x, h0.unsqueeze(0), params, bias, 1, 0.0, False, False, True)[0]
-    else:
-        out = torch.lstm(x, (h0.unsqueeze(0), c0.unsqueeze(0)), params, bias, 1, 0.0, False, False, True)[0]
-    h_last = out[torch.arange(batch), (lengths - 1).clamp(min=0)]  # (B, H)
-    if c0 is None:
-        return out, h_last, None
-    h_prev = torch.cat([h0.unsqueeze(1), out[:, :-1]], 1)  # h_{t-1} (B, T, H)
-    hidden, order = h0.shape[-1], [2, 1, 3, 0]  # torch's gate rows i, f, g, o -> the pooling's z, f, o, i
+    if c0 is not None:
+        return _lstm_by_length(x, lengths, params, h0, c0, bias)
+    out = torch.gru(x, h0.unsqueeze(0), params, bias, 1, 0.0, False, False, True)[0]
+    return out, out[torch.arange(x.shape[0]), (lengths - 1).clamp(min=0)], None
 
-    def pool_rows(t: Tensor) -> Tensor:
-        return t.view(4, hidden, *t.shape[1:])[order].flatten(0, 1)
 
-    w_ih, w_hh, *biases = (pool_rows(p) for p in params)
-    b_ih, b_hh = biases if bias else (None, None)
-    gates = F.linear(x, w_ih, b_ih) + F.linear(h_prev, w_hh, b_hh)  # (B, T, 4H)
-    _, c_last = qrnn_pool(gates.view(batch, time, 4, hidden), lengths, c0, pooling="ifo")
-    return out, h_last, c_last
+def _lstm_by_length(
+    x: Tensor, lengths: Tensor, params: list[Tensor], h0: Tensor, c0: Tensor, bias: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The LSTM over padded x (B, T, D) in time segments that end where rows end: rows sorted by
+    length (longest first), segment [s, e) runs ``torch.lstm`` on the rows longer than s from the
+    state the previous segment left, and the rows of length e read their (h, c) at its end. No pad
+    is computed. Outputs (B, T, H), zero at pads; h, c (B, H)."""
+    batch, time = x.shape[:2]
+    order = torch.argsort(lengths, descending=True, stable=True)
+    sorted_lengths = lengths[order].tolist()
+    x, h0, c0 = x[order], h0[order], c0[order]
+    h, c, start = h0, c0, 0
+    outputs, finals = [], []  # finals: (h, c) of the rows ending in each segment, shortest rows first
+    for end in sorted(set(sorted_lengths) - {0}):
+        running = sum(n >= end for n in sorted_lengths)  # a prefix of the sorted rows
+        state = (h[:running].unsqueeze(0), c[:running].unsqueeze(0))
+        out, h, c = torch.lstm(x[:running, start:end], state, params, bias, 1, 0.0, False, False, True)
+        h, c = h[0], c[0]
+        outputs.append(F.pad(out, (0, 0, 0, 0, 0, batch - running)))
+        longer = sum(n > end for n in sorted_lengths)  # the rows of length end follow them
+        finals.append((h[longer:], c[longer:]))
+        start = end
+    outputs.append(x.new_zeros(batch, time - start, h0.shape[-1]))
+    nonempty = sum(n > 0 for n in sorted_lengths)
+    finals = [*finals[::-1], (h0[nonempty:], c0[nonempty:])]  # in sorted row order; empty rows last
+    restore = torch.argsort(order)
+    h_last, c_last = (torch.cat([final[i] for final in finals])[restore] for i in (0, 1))
+    return torch.cat(outputs, 1)[restore], h_last, c_last
 
 
 def _keep_initial(final: State, initial: State, rows: Tensor) -> State:

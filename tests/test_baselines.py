@@ -21,15 +21,17 @@ def test_rnn_contract(name, bidirectional, num_layers):
 @pytest.mark.parametrize("name", ["lstm", "gru"])
 @pytest.mark.parametrize("with_state", [False, True])
 @pytest.mark.parametrize(("num_layers", "bidirectional"), [(1, False), (1, True), (2, False), (2, True)])
-def test_unpacked_padded_batch_equals_torch_packing(monkeypatch, name, with_state, num_layers, bidirectional):
+@pytest.mark.parametrize("lengths", [[9, 7, 0, 3], [8, 3, 0, 8]], ids=["distinct", "repeated-short-of-T"])
+def test_unpacked_padded_batch_equals_torch_packing(monkeypatch, name, with_state, num_layers, bidirectional, lengths):
     """A padded batch of an LSTM/GRU runs unpacked on CPU (torch's packed backward is several times
     slower); outputs, final states and all gradients equal a packed run, an empty row keeps its
-    initial state. The dropout between layers is 0 in eval mode."""
+    initial state. The dropout between layers is 0 in eval mode. Lengths that repeat and a batch
+    padded past its longest row exercise the LSTM's run by length (``_lstm_by_length``)."""
     torch.manual_seed(0)
     enc = build_encoder(name, 5, hidden_size=7, num_layers=num_layers, bidirectional=bidirectional, dropout=0.5)
     enc = enc.double().eval()
     x = torch.randn(4, 9, 5, dtype=torch.float64, requires_grad=True)
-    lengths = torch.tensor([9, 7, 0, 3])  # over half real: the unpacked path
+    lengths = torch.tensor(lengths)  # over half real: the unpacked path
     mask = torch.arange(9) < lengths.unsqueeze(1)
     shape = (num_layers * (2 if bidirectional else 1), 4, 7)
     h0, c0 = (torch.randn(shape, dtype=torch.float64, requires_grad=True) for _ in range(2))
