@@ -19,6 +19,7 @@ import statistics
 import time
 
 from seqzoo.config import load_config
+from seqzoo.data.io import atomic_write_text
 from seqzoo.runner import task_module
 from seqzoo.training import build_optimizer, set_seed, set_threads, update
 
@@ -28,6 +29,7 @@ def main() -> None:
     parser.add_argument("configs", nargs="+")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="applied to every config")
+    parser.add_argument("--per-step", metavar="PATH", help="also write every step's seconds to PATH (JSONL)")
     args = parser.parse_args()
     runs = []
     for path in args.configs:
@@ -57,6 +59,9 @@ def main() -> None:
             "parameters": sum(p.numel() for p in task.model.parameters()),
         }
         print(json.dumps(record), flush=True)
+    if args.per_step:
+        rows = ({"config": run[0], "step": i, "s": round(t, 5)} for run in runs for i, t in enumerate(run[4]))
+        atomic_write_text(args.per_step, "".join(json.dumps(row) + "\n" for row in rows))
 
 
 if __name__ == "__main__":
