@@ -4,8 +4,8 @@ LSTM: Hochreiter & Schmidhuber (1997); GRU: Cho et al. (2014); Transformer encod
 Vaswani et al. (2017). All follow the :mod:`seqzoo.base` contract; pad positions never reach
 the state or the backward direction. A padded batch is packed, except on CPU in training when at
 least half of it is real tokens: there it runs unpacked, a layer and a direction at a time,
-because torch's packed RNN backward is slow on CPU (pytorch#149194; fwd+bwd 1.1-2.3x the unpacked
-time at B=16-32, T=50-200, H=128-320 with lengths in [T/2, T], ``benchmarks/padded_rnn.py``).
+because torch's packed RNN backward is slow on CPU (pytorch#149194; fwd+bwd 1.1-4.9x the unpacked
+time at 16x50x128 and 32x200x256 with lengths in [T/2, T], ``benchmarks/padded_rnn.py``).
 Pads follow the real tokens (a reverse direction reads each row's real tokens reversed). The GRU
 runs over the whole padded batch and reads each row's state from its outputs; the LSTM, whose c is
 not in its outputs, runs in time segments that end where rows end (``_lstm_by_length``). Without
@@ -16,6 +16,7 @@ taken.
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import torch
 import torch.nn.functional as F
@@ -142,24 +143,22 @@ def _lstm_by_length(
     is computed. Outputs (B, T, H), zero at pads; h, c (B, H)."""
     batch, time = x.shape[:2]
     order = torch.argsort(lengths, descending=True, stable=True)
-    sorted_lengths = lengths[order].tolist()
+    rows_of_length = Counter(lengths.tolist())
+    running = batch - rows_of_length.pop(0, 0)  # the non-empty rows: a prefix of the sorted ones
     x, h0, c0 = x[order], h0[order], c0[order]
     h, c, start = h0, c0, 0
-    outputs, finals = [], []  # finals: (h, c) of the rows ending in each segment, shortest rows first
-    for end in sorted(set(sorted_lengths) - {0}):
-        running = sum(n >= end for n in sorted_lengths)  # a prefix of the sorted rows
+    outputs, finals = [], [(h0[running:], c0[running:])]  # empty rows' placeholders (the caller restores them)
+    for end in sorted(rows_of_length):
         state = (h[:running].unsqueeze(0), c[:running].unsqueeze(0))
         out, h, c = torch.lstm(x[:running, start:end], state, params, bias, 1, 0.0, False, False, True)
         h, c = h[0], c[0]
         outputs.append(F.pad(out, (0, 0, 0, 0, 0, batch - running)))
-        longer = sum(n > end for n in sorted_lengths)  # the rows of length end follow them
-        finals.append((h[longer:], c[longer:]))
+        running -= rows_of_length[end]  # the rows of length end are the last running ones
+        finals.append((h[running:], c[running:]))
         start = end
     outputs.append(x.new_zeros(batch, time - start, h0.shape[-1]))
-    nonempty = sum(n > 0 for n in sorted_lengths)
-    finals = [*finals[::-1], (h0[nonempty:], c0[nonempty:])]  # in sorted row order; empty rows last
     restore = torch.argsort(order)
-    h_last, c_last = (torch.cat([final[i] for final in finals])[restore] for i in (0, 1))
+    h_last, c_last = (torch.cat([final[i] for final in finals[::-1]])[restore] for i in (0, 1))
     return torch.cat(outputs, 1)[restore], h_last, c_last
 
 
