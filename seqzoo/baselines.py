@@ -86,6 +86,10 @@ class _TorchRNN(Encoder):
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *self.parameters(), *states))
         return x.device.type == "cpu" and needs_grad and 2 * int(lengths.sum()) >= x.shape[0] * x.shape[1]
 
+    # Run eagerly under torch.compile, as dynamo runs nn.LSTM / nn.GRU themselves: inductor's
+    # lowering of a bare torch.lstm fails ("expected Tensor() for op mkldnn_rnn_layer") when the
+    # input does not require grad (torch 2.13).
+    @torch.compiler.disable
     def _unpacked(self, x: Tensor, lengths: Tensor, state: State) -> tuple[Tensor, State]:
         """The padded batch without packing, one layer and direction at a time (as torch's CPU
         kernel runs them), with torch's dropout between layers. A reverse direction runs over each

@@ -1,5 +1,6 @@
 import pytest
 import torch
+from conftest import needs_cxx
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from seqzoo import build_encoder
@@ -204,6 +205,26 @@ def test_input_of_the_wrong_size_or_empty_is_refused(name):
     for rate in (1.0, -0.1):  # a one-layer LSTM does not use its dropout, but still checks it
         with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\)"):
             build_encoder(name, 6, hidden_size=4, dropout=rate, **ALL_ENCODERS[name])
+
+
+@needs_cxx
+@pytest.mark.parametrize("name", ["lstm", "gru", "qrnn"])
+def test_torch_compile_equals_eager_on_a_padded_batch(name, single_thread):
+    """``torch.compile(model)`` works on the padded training path (the LSTM's bare torch.lstm
+    once crashed inductor when the input did not require grad, as an embedding's output from a
+    frozen table does not), with eager values and parameter gradients."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    enc = build_encoder(name, 6, hidden_size=4, **ALL_ENCODERS[name])
+    x, mask = torch.randn(3, 5, 6), torch.tensor([[True] * 5, [True] * 3 + [False] * 2, [True] * 4 + [False]])
+    results = []
+    for model in (enc, torch.compile(enc)):
+        out, _ = model(x, mask)
+        results.append((out, torch.autograd.grad(out.square().sum(), list(enc.parameters()))))
+    (eager, eager_grads), (compiled, compiled_grads) = results
+    torch.testing.assert_close(compiled, eager)
+    for a, b in zip(compiled_grads, eager_grads, strict=True):
+        torch.testing.assert_close(a, b)
 
 
 @pytest.mark.parametrize("name", sorted(set(ALL_ENCODERS) - {"transformer"}))

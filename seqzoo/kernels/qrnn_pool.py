@@ -21,7 +21,9 @@ backward reads the activations its forward left in the gate buffer, recomputes t
 from them in cache, and writes d(gates) in place). When a fast path cannot run, :func:`qrnn_pool`
 warns and uses the reference; setting the environment variable ``SEQZOO_QRNN_BACKEND=reference``
 selects the reference on purpose. :func:`qrnn_layer` runs a whole layer direction (convolution and
-pooling), fused the same way on the compiled backend.
+pooling), fused the same way on the compiled backend. Under ``torch.compile`` both entry points
+run eagerly (``torch.compiler.disable``): dynamo cannot trace a ctypes call, and the fused kernels
+leave nothing for inductor to fuse.
 """
 
 from __future__ import annotations
@@ -324,6 +326,7 @@ def _layer_kernel(x_pad, weight, bias, lengths, c0, keep, keep_prob, pooling, re
     return _Kernel(_convolve(x_pad, weight), padded_time, bias, lengths, c0, keep, keep_prob, pooling, reverse, shape)
 
 
+@torch.compiler.disable  # see the module docstring
 def qrnn_layer(
     x_pad: Tensor,
     weight: Tensor,
@@ -394,6 +397,7 @@ def _fallback_reason(gates: Tensor) -> str:
     return lib if isinstance(lib, str) else f"the compiled kernel does not support {gates.dtype}"
 
 
+@torch.compiler.disable  # see the module docstring
 def qrnn_pool(
     gates: Tensor,
     lengths: Tensor,
