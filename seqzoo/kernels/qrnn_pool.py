@@ -22,8 +22,9 @@ from them in cache, and writes d(gates) in place). When a fast path cannot run, 
 warns and uses the reference; setting the environment variable ``SEQZOO_QRNN_BACKEND=reference``
 selects the reference on purpose. :func:`qrnn_layer` runs a whole layer direction (convolution and
 pooling), fused the same way on the compiled backend. Under ``torch.compile`` both entry points
-run eagerly (``torch.compiler.disable``): dynamo cannot trace a ctypes call, and the fused kernels
-leave nothing for inductor to fuse.
+run eagerly on every backend (``torch.compiler.disable``, a graph break): dynamo cannot trace a
+ctypes call, the fused kernels leave nothing for inductor to fuse, and the reference's loop over
+time would only unroll into a graph as long as the sequence.
 """
 
 from __future__ import annotations
