@@ -136,6 +136,15 @@ def reverse_padded(x: Tensor, lengths: Tensor, *, time_dim: int) -> Tensor:
     return x.gather(time_dim, index.view(*index.shape, *([1] * (x.dim() - 2))).expand_as(x))
 
 
+def describe_state(state: object) -> str:
+    """A state's shapes as given, for error messages: ``(1, 3, 6)`` or ``((1, 3, 6), (1, 3, 6))``."""
+    if isinstance(state, Tensor):
+        return str(tuple(state.shape))
+    if isinstance(state, (tuple, list)):
+        return "(" + ", ".join(describe_state(s) for s in state) + ")"
+    return type(state).__name__
+
+
 def detach_state(state: State) -> State:
     """Detach every tensor in a (nested) state, for truncated back-propagation through time."""
     if state is None:

@@ -23,7 +23,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from seqzoo.base import Encoder, State, check_rate, lengths_from_mask, register_encoder, reverse_padded
+from seqzoo.base import (
+    Encoder,
+    State,
+    check_rate,
+    describe_state,
+    lengths_from_mask,
+    register_encoder,
+    reverse_padded,
+)
 
 __all__ = ["GRU", "LSTM", "TransformerEncoder", "sinusoidal_positions"]
 
@@ -57,10 +65,11 @@ class _TorchRNN(Encoder):
 
     def forward(self, x: Tensor, mask: Tensor | None = None, state: State = None) -> tuple[Tensor, State]:
         mask = self.check_input(x, mask)
+        self._check_state(state, x.shape[0])
         if bool(mask.all()):
             return self.rnn(x, state)
         lengths = lengths_from_mask(mask)
-        if state is None:  # torch's own dtype and state-shape errors, for both paths (packing hides the dtype one)
+        if state is None:  # torch's own dtype and device errors, for both paths (packing hides the dtype one)
             self.rnn.check_input(x, None)
         else:
             self.rnn.check_forward_args(x, state, None)
@@ -75,6 +84,18 @@ class _TorchRNN(Encoder):
         if bool(empty.any()):
             final = _keep_initial(final, state, empty)
         return out, final
+
+    def _check_state(self, state: State, batch: int) -> None:
+        """A carried state must be this batch's and this stack's: h (GRU) or (h, c) (LSTM), each
+        (num_layers * directions, B, hidden_size)."""
+        if state is None:
+            return
+        shape = (self.num_layers * (2 if self.bidirectional else 1), batch, self.hidden_size)
+        lstm = isinstance(self.rnn, nn.LSTM)
+        parts = state if lstm and isinstance(state, tuple) and len(state) == 2 else None if lstm else (state,)
+        if parts is None or not all(isinstance(t, Tensor) and tuple(t.shape) == shape for t in parts):
+            expected = f"(h, c), each of shape {shape}" if lstm else f"a tensor of shape {shape}"
+            raise ValueError(f"state must be {expected}, got {describe_state(state)}")
 
     def _run_unpacked(self, x: Tensor, lengths: Tensor, state: State) -> bool:
         """Whether a padded batch runs unpacked: on CPU, when autograd will run backward through the

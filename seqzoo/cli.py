@@ -7,7 +7,6 @@ import importlib
 import json
 import logging
 import sys
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +126,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 def _predict(args: argparse.Namespace) -> int:
     from seqzoo.data.errors import DataError
-    from seqzoo.data.io import open_text
+    from seqzoo.data.io import read_text
     from seqzoo.runner import load_task
 
     runs = _trained_runs(args.run_dir)
@@ -137,8 +136,9 @@ def _predict(args: argparse.Namespace) -> int:
             f"{runs[0]}: `seqzoo predict` serves classification, aspect sentiment and translation runs, not this one"
         )
     source = "<stdin>" if args.input in (None, "-") else args.input
-    with nullcontext(sys.stdin) if source == "<stdin>" else open_text(source) as lines:
-        numbered = [(n, line.rstrip("\r\n")) for n, line in enumerate(lines, 1) if line.strip()]
+    content = sys.stdin.read() if source == "<stdin>" else read_text(source)
+    lines = content.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # \n, \r\n and \r all end a line
+    numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
     try:
         results = task.predict([text for _, text in numbered])
     except DataError as err:  # the task numbers the texts; name the input's own line

@@ -41,7 +41,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from seqzoo.base import Encoder, State, lengths_from_mask, reverse_padded
+from seqzoo.base import Encoder, State, describe_state, lengths_from_mask, reverse_padded
 
 __all__ = ["RecurrentCell", "RecurrentCellEncoder", "StepFn", "compile_failure", "compiled_step"]
 
@@ -131,8 +131,8 @@ class RecurrentCellEncoder(Encoder):
         shape = (self.num_layers * self.num_directions, batch, self.hidden_size)
         if state is None:
             state = x.new_zeros(shape)
-        elif tuple(state.shape) != shape:
-            raise ValueError(f"state must have shape {shape}, got {tuple(state.shape)}")
+        elif not isinstance(state, Tensor) or tuple(state.shape) != shape:
+            raise ValueError(f"state must be a tensor of shape {shape}, got {describe_state(state)}")
         steps = mask.t()  # (T, B)
         full = bool(mask.all())
         lengths = lengths_from_mask(mask)

@@ -57,6 +57,9 @@ class DenseStack(Encoder):
     def forward(self, x: Tensor, mask: Tensor | None = None, state: State = None) -> tuple[Tensor, State]:
         mask = self.check_input(x, mask)
         states = state if state is not None else (None,) * len(self.layers)
+        if not isinstance(states, (tuple, list)) or len(states) != len(self.layers):
+            got = f"{len(states)} entries" if isinstance(states, (tuple, list)) else type(states).__name__
+            raise ValueError(f"state must be a tuple with one entry per layer ({len(self.layers)}), got {got}")
         inputs, finals = x, []  # inputs: (B, T, n + sum of earlier output sizes)
         for i, (layer, layer_state) in enumerate(zip(self.layers, states, strict=True)):
             h, final = layer(inputs, mask, layer_state)  # (B, T, m)

@@ -137,3 +137,6 @@ def check_predict(run_dir, tmp_path, capsys):
         texts.write_text(f"{sentence}\t{aspects[0]}\n\n{bad}\n")
         assert main(["predict", str(run_dir), "--input", str(texts)]) == 2
         assert f"{texts}:3: expected 'sentence<TAB>aspect term'" in capsys.readouterr().err
+    texts.write_bytes(f"{sentence}\t{aspects[0]}\r\r{sentence} without a tab\r".encode())  # old Mac endings
+    assert main(["predict", str(run_dir), "--input", str(texts)]) == 2
+    assert f"{texts}:3: expected 'sentence<TAB>aspect term'" in capsys.readouterr().err

@@ -117,7 +117,7 @@ def test_unpacked_only_where_it_pays():
 def test_unpacked_checks_the_state_shape():
     enc = build_encoder("lstm", 3, hidden_size=4, num_layers=2)
     x, mask = torch.randn(2, 5, 3), torch.arange(5) < torch.tensor([[3], [5]])
-    with pytest.raises(RuntimeError, match="Expected hidden"):
+    with pytest.raises(ValueError, match=r"state must be \(h, c\), each of shape \(2, 2, 4\), got \(\(1, 2, 4\)"):
         enc(x, mask, (torch.zeros(1, 2, 4), torch.zeros(1, 2, 4)))
     enc.double()
     for grad in (True, False):  # the unpacked and the packed path
@@ -205,6 +205,22 @@ def test_input_of_the_wrong_size_or_empty_is_refused(name):
     for rate in (1.0, -0.1):  # a one-layer LSTM does not use its dropout, but still checks it
         with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\)"):
             build_encoder(name, 6, hidden_size=4, dropout=rate, **ALL_ENCODERS[name])
+
+
+@pytest.mark.parametrize("name", [name for name in ALL_ENCODERS if name != "transformer"])
+@pytest.mark.parametrize("lengths", [[5, 5], [5, 3]], ids=["all-real", "padded"])
+def test_a_state_of_another_batch_or_layout_is_refused(name, lengths):
+    """The contract's promise: seqzoo's ValueError naming the expected shape, on both the all-real
+    shortcut and the padded path (torch's LSTM/GRU once answered with their own RuntimeError)."""
+    enc = build_encoder(name, 6, hidden_size=4, **ALL_ENCODERS[name])
+    _, state = enc(torch.randn(3, 5, 6))
+    x, mask = torch.randn(2, 5, 6), torch.arange(5) < torch.tensor(lengths).unsqueeze(1)
+    with pytest.raises(ValueError, match="state must"):
+        enc(x, mask, state)
+    flat = state[0] if isinstance(state, tuple) and name != "lstm" else state
+    wrong_layout = (flat, flat) if isinstance(flat, torch.Tensor) else flat[0]
+    with pytest.raises(ValueError, match="state must"):
+        enc(x, mask, wrong_layout)
 
 
 @needs_cxx

@@ -78,6 +78,10 @@ def test_train_evaluate_predict_cli(toy_corpus, tmp_path, capsys):
     preds = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [p["label"] for p in preds] == ["pos", "neg"]
     assert sum(preds[0]["probabilities"].values()) == pytest.approx(1.0)
+    for ending in ("\r\n", "\r"):  # Windows and old Mac line endings end lines too
+        texts.write_bytes(f"a superb lovely film{ending}awful boring plot{ending}".encode())
+        assert main(["predict", str(run_dir), "--input", str(texts)]) == 0
+        assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == preds
 
 
 def test_multi_seed_summary_reports_mean_and_std(toy_corpus, tmp_path):
