@@ -170,12 +170,20 @@ def _plot_zones(args: argparse.Namespace) -> int:
     from seqzoo.mzu_analysis import plot_zone_relevance, zone_relevance
     from seqzoo.runner import load_task
 
-    runs = _trained_runs(args.run_dir)
+    relevances = {}
+    for run_dir in args.run_dirs:  # one model each (its first seed), labelled by the directory's name
+        run = _trained_runs(run_dir)[0]
+        label = Path(run_dir).resolve().name if len(args.run_dirs) > 1 else ""
+        if label in relevances:
+            raise ConfigError(f"{run_dir}: two run directories are named {label!r}")
+        try:
+            relevances[label] = zone_relevance(load_task(run, with_data=False), args.text, args.depth)
+        except ValueError as err:
+            raise ConfigError(f"{run}: {err}") from None
     try:
-        relevance = zone_relevance(load_task(runs[0], with_data=False), args.text, args.depth)
-        path = plot_zone_relevance(relevance, args.out, args.last)
+        path = plot_zone_relevance(relevances, args.out, args.last)
     except ValueError as err:
-        raise ConfigError(f"{runs[0]}: {err}") from None
+        raise ConfigError(str(err)) from None
     print(path)
     return 0
 
@@ -268,8 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prime", default="", help="text to start from (default: a new line)")
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(func=_sample)
-    zones = sub.add_parser("plot-zones", help="MZU char-LM zone relevance heat maps (MZU paper Figure 3) as PNG")
-    zones.add_argument("run_dir")
+    zones = sub.add_parser(
+        "plot-zones", help="char-LM relevance heat maps of MZU, GRU and DT-GRU runs (MZU paper Figure 3) as PNG"
+    )
+    zones.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="one panel per run (its first seed), same text")
     zones.add_argument("--text", required=True, help="text to read (characters)")
     zones.add_argument("--out", required=True, help="PNG path")
     zones.add_argument("--last", type=int, default=5, help="characters whose relevances are shown (default 5)")

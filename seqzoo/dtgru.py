@@ -59,6 +59,11 @@ class GRUCell(nn.Module):
 
     def forward(self, x_part: Tensor | None, h: Tensor) -> Tensor:
         """``x_part = x_proj(x)`` (B, x_width) or None for a T-GRU; ``h`` (B, H) -> ``h_t`` (B, H)."""
+        candidate, u = self.candidate_and_gate(x_part, h)
+        return torch.lerp(h, self.dropout(candidate), u)
+
+    def candidate_and_gate(self, x_part: Tensor | None, h: Tensor) -> tuple[Tensor, Tensor]:
+        """The candidate ``h̃`` before dropout and the update gate ``u``, each (B, H)."""
         size, gates = self.hidden_size, self.num_gates
         h_gates, h_cand = self.h_proj(h).split([gates * size, size], dim=-1)
         pre = h_gates.unflatten(-1, (gates, size))
@@ -73,7 +78,7 @@ class GRUCell(nn.Module):
         candidate = torch.tanh(candidate)
         if self.linear_gate:
             candidate = candidate + linear[0] * x_part[:, (gates + 1) * size :]
-        return torch.lerp(h, self.dropout(candidate), u)
+        return candidate, u
 
 
 class DeepTransitionGRUCell(nn.Module):
@@ -107,6 +112,24 @@ class DeepTransitionGRUCell(nn.Module):
             return h, None
 
         return self.cells[0].x_proj(x), step
+
+    def trace(self, x: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+        """Run ``x`` (T, B, D) from ``h`` (B, H) and keep the internals, for analysis (MZU paper Figure 3).
+
+        Returns the candidate ``h̃`` of every cell (T, K + 1, B, H) (depth 0: the GRU that reads
+        ``x_t``; then the T-GRUs) and the state after each step (T, B, H), as :meth:`MZUCell.trace
+        <seqzoo.mzu.MZUCell.trace>` does.
+        """
+        candidates, states = [], []
+        for x_part in self.cells[0].x_proj(x):
+            per_depth = []
+            for depth, cell in enumerate(self.cells):
+                candidate, u = cell.candidate_and_gate(x_part if depth == 0 else None, h)
+                h = torch.lerp(h, cell.dropout(candidate), u)
+                per_depth.append(candidate)
+            candidates.append(torch.stack(per_depth))
+            states.append(h)
+        return torch.stack(candidates), torch.stack(states)
 
 
 @register_encoder("dtgru")

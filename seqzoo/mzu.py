@@ -537,20 +537,6 @@ class MZU(RecurrentCellEncoder):
             cell.track_disagreement = self.disagreement != 0
         return super().forward(x, mask, state)
 
-    def trace(self, x: Tensor, state: State = None) -> tuple[Tensor, Tensor]:
-        """Candidates and states of the top layer for ``x`` (B, T, d_x), no padding (unidirectional only).
-
-        Returns candidates (B, T, L + 1, H), one per depth (see :meth:`MZUCell.trace`), and the
-        states (B, T, H), which equal :meth:`forward`'s outputs.
-        """
-        if self.bidirectional:
-            raise ValueError("trace needs a unidirectional MZU")
-        h0 = x.new_zeros(self.num_layers, x.shape[0], self.hidden_size) if state is None else state
-        inputs = x.transpose(0, 1)
-        for cell, h in zip(self.cells, h0, strict=True):
-            candidates, inputs = cell.trace(inputs, h)
-        return candidates.permute(2, 0, 1, 3), inputs.transpose(0, 1)
-
     def auxiliary_loss(self) -> Tensor | None:
         """``−λ·D`` with D the per-token average of D_zone summed over M-functions (eq. 19)."""
         if self.aux_per_token is None:

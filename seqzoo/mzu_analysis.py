@@ -1,21 +1,23 @@
-"""Zone relevance of a character-level MZU language model (the MZU paper's Figure 3).
+"""Zone relevance of a character-level language model (the MZU paper's Figure 3).
 
 For a text ``c_1 … c_T`` read from a zero state (dropout off), the relevance of an earlier
 character ``s`` to character ``t`` (``s < t``) is the cosine between the candidate ``h̃_t``
 computed while reading ``c_t`` and the hidden state ``h_s`` after reading ``c_s``
-(Figure 3(a, b)). With deep transition each step has one candidate per depth; ``depth`` picks
-it (default 0: the MZU cell that reads ``c_t``, the step's transformation of its input).
-The top layer of a stacked MZU is used.
+(Figure 3(a) for the GRU, 3(b) for the capMZU). With deep transition each step has one
+candidate per depth; ``depth`` picks it (default 0: the cell that reads ``c_t``, the step's
+transformation of its input). The top layer of a stacked encoder is used. MZU, GRU (``gru_ln``)
+and DT-GRU encoders are supported.
 
-**Per zone** (Figure 3(c)): zone ``k`` of an ``H``-vector is its slice
+**Per zone** (Figure 3(c), MZU only): zone ``k`` of an ``H``-vector is its slice
 ``[k·H/N, (k+1)·H/N)``, the layout in which zone generation splits its output into N zones
 (eq. 4); the zone-``k`` relevance is the cosine between those slices of ``h̃_t`` and ``h_s``.
 (``h̃`` and ``h`` are outputs of the M-function's final linear map, so a slice is a fixed
-group of hidden units rather than a zone computed inside M.)
+group of hidden units rather than a zone computed inside M.) A GRU has one "zone": the whole state.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +27,7 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from seqzoo.dtgru import DeepTransitionGRU
 from seqzoo.mzu import MZU, MFunction
 from seqzoo.plots import save_figure
 
@@ -58,10 +61,10 @@ def relevance_matrix(candidates: Tensor, states: Tensor, num_zones: int = 1) -> 
 
 @torch.no_grad()
 def zone_relevance(task, text: str, depth: int = 0) -> ZoneRelevance:
-    """Relevances for ``text`` under a trained char-level LM task whose encoder is an :class:`~seqzoo.mzu.MZU`."""
+    """Relevances for ``text`` under a trained char-level LM task with an MZU, GRU or DT-GRU encoder."""
     encoder = task.model.encoder
-    if not isinstance(encoder, MZU):
-        raise ValueError(f"zone relevance needs an MZU encoder, got {type(encoder).__name__}")
+    if not isinstance(encoder, (MZU, DeepTransitionGRU)):
+        raise ValueError(f"zone relevance needs an MZU, GRU (gru_ln) or DT-GRU encoder, got {type(encoder).__name__}")
     if task.level != "char":
         raise ValueError(f"zone relevance reads characters; this model is {task.level}-level")
     if len(text) < 2:
@@ -74,27 +77,48 @@ def zone_relevance(task, text: str, depth: int = 0) -> ZoneRelevance:
     if not 0 <= depth < candidates.shape[2]:
         raise ValueError(f"depth must be in [0, {candidates.shape[2] - 1}], got {depth}")
     cand, state = candidates[0, :, depth], states[0]
-    cell = encoder.cells[-1].transitions[0]
-    zones = next((m.num_zones for m in (cell.candidate, cell.gate) if isinstance(m, MFunction)), 1)  # 1: ablated
+    zones = 1  # a GRU, or an MZU whose M-functions are both ablated
+    if isinstance(encoder, MZU):
+        cell = encoder.cells[-1].transitions[0]
+        zones = next((m.num_zones for m in (cell.candidate, cell.gate) if isinstance(m, MFunction)), 1)
     return ZoneRelevance(list(text), relevance_matrix(cand, state)[0], relevance_matrix(cand, state, zones))
 
 
-def plot_zone_relevance(relevance: ZoneRelevance, path: str | Path, last: int = 5) -> Path:
-    """PNG in the style of Figure 3: the relevance of every earlier character to each of the ``last``
-    characters (top), and per zone for the final character (bottom); grayscale from each panel's
-    lowest (black) to highest (white) cosine, as the colour bars show; blue = no earlier character."""
+def plot_zone_relevance(
+    relevance: ZoneRelevance | Mapping[str, ZoneRelevance], path: str | Path, last: int = 5
+) -> Path:
+    """PNG in the style of Figure 3: for each model, the relevance of every earlier character to
+    each of the ``last`` characters (Figure 3(a, b)); then, for each model with zones, per zone for
+    the final character (Figure 3(c)). Pass one relevance, or several of the same text by model
+    name (e.g. ``{"GRU": ..., "capMZU": ...}``). Grayscale from each panel's lowest (black) to
+    highest (white) cosine, as the colour bars show; blue = no earlier character."""
     if last < 1:
         raise ValueError(f"last must be >= 1, got {last}")
-    chars = ["_" if c == " " else "\\n" if c == "\n" else c for c in relevance.chars]
-    steps, zones = len(chars), relevance.zones.shape[0]
+    models = dict(relevance) if isinstance(relevance, Mapping) else {"": relevance}
+    if not models:
+        raise ValueError("no relevance to plot")
+    texts = {"".join(r.chars) for r in models.values()}
+    if len(texts) > 1:
+        raise ValueError(f"the models must read the same text, got {sorted(texts)}")
+    chars = ["_" if c == " " else "\\n" if c == "\n" else c for c in next(iter(models.values())).chars]
+    steps = len(chars)
     rows = list(range(max(1, steps - last), steps))
-    fig = Figure(figsize=(max(6.0, 0.22 * steps), 1.6 + 0.3 * (len(rows) + zones)))
-    top, bottom = fig.subplots(2, 1, gridspec_kw={"height_ratios": [len(rows), zones]})
-    panels = (
-        (top, relevance.overall[rows], [chars[t] for t in rows], "relevance to each of the last characters"),
-        (bottom, relevance.zones[:, -1], [f"zone{k + 1}" for k in range(zones)], f"per zone, for {chars[-1]!r}"),
-    )
-    for ax, values, labels, title in panels:
+    panels = []  # (values, y labels, title)
+    for name, rel in models.items():
+        prefix = f"{name}: " if name else ""
+        panels.append(
+            (rel.overall[rows], [chars[t] for t in rows], f"{prefix}relevance to each of the last characters")
+        )
+    for name, rel in models.items():
+        zones = rel.zones.shape[0]
+        if zones > 1 or len(models) == 1:
+            prefix = f"{name}: " if name else ""
+            labels = [f"zone{k + 1}" for k in range(zones)]
+            panels.append((rel.zones[:, -1], labels, f"{prefix}per zone, for {chars[-1]!r}"))
+    heights = [len(labels) for _, labels, _ in panels]
+    fig = Figure(figsize=(max(6.0, 0.22 * steps), 1.0 + 0.3 * sum(heights) + 0.6 * len(panels)))
+    axes = fig.subplots(len(panels), 1, gridspec_kw={"height_ratios": heights}, squeeze=False)[:, 0]
+    for ax, (values, labels, title) in zip(axes, panels, strict=True):
         known = values[~values.isnan()]
         cmap = matplotlib.colormaps["gray"].with_extremes(bad="tab:blue")  # NaN: no earlier character
         image = ax.imshow(values.numpy(), cmap=cmap, vmin=float(known.min()), vmax=float(known.max()), aspect="auto")

@@ -154,6 +154,23 @@ class RecurrentCellEncoder(Encoder):
         self.aux_per_token = None if aux_total is None else aux_total / lengths.sum().clamp(min=1)
         return layer_input.transpose(0, 1), torch.stack(finals)
 
+    def trace(self, x: Tensor, state: State = None) -> tuple[Tensor, Tensor]:
+        """Candidates and states of the top layer for ``x`` (B, T, d_x), no padding, unidirectional;
+        for cells with a ``trace`` method (MZU, GRU, DT-GRU), for analysis (MZU paper Figure 3).
+
+        Returns candidates (B, T, L + 1, H), one per transition depth (depth 0 reads ``x_t``), and
+        the states (B, T, H), which equal :meth:`forward`'s outputs. Dropout follows the modules' mode.
+        """
+        if self.bidirectional:
+            raise ValueError("trace needs a unidirectional encoder")
+        if not all(hasattr(cell, "trace") for cell in self.cells):
+            raise ValueError(f"{type(self.cells[0]).__name__} has no trace method")
+        h0 = x.new_zeros(self.num_layers, x.shape[0], self.hidden_size) if state is None else state
+        inputs = x.transpose(0, 1)
+        for cell, h in zip(self.cells, h0, strict=True):
+            candidates, inputs = cell.trace(inputs, h)
+        return candidates.permute(2, 0, 1, 3), inputs.transpose(0, 1)
+
 
 def _unroll(
     cell: nn.Module, x: Tensor, steps: Tensor, h: Tensor, full: bool, compile_step: bool

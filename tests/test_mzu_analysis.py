@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from seqzoo import build_encoder
 from seqzoo.cli import main
 from seqzoo.config import config_from_dict
 from seqzoo.mzu_analysis import plot_zone_relevance, relevance_matrix, zone_relevance
@@ -28,7 +29,7 @@ def _config(tmp_path, encoder="mzu", encoder_args=None):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def corpus(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     tmp_path = tmp_path_factory.mktemp("zones")
@@ -37,9 +38,20 @@ def trained(tmp_path_factory):
     for stem, lines in (("train", 40), ("valid", 6), ("test", 6)):
         text = "\n".join(" ".join(rng.choices(WORDS, k=5)) for _ in range(lines)) + "\n"
         (tmp_path / "corpus" / f"{stem}.txt").write_text(text)
-    run(_config(tmp_path), tmp_path / "run")
-    yield tmp_path / "run"
+    yield tmp_path
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def trained(corpus):
+    run(_config(corpus), corpus / "capmzu")
+    return corpus / "capmzu"
+
+
+@pytest.fixture(scope="module")
+def trained_gru(corpus):
+    run(_config(corpus, "gru_ln", {"hidden_size": 8, "dropout": 0.1}), corpus / "gru")
+    return corpus / "gru"
 
 
 def test_relevance_matrix_is_masked_cosine():
@@ -89,9 +101,49 @@ def test_plot_and_cli(trained, tmp_path, capsys):
     assert "plot-hidden reads classification and ABSA runs" in capsys.readouterr().err
 
 
-def test_non_mzu_model_is_refused(tmp_path):
-    task = LMTask(_config(tmp_path, "gru_ln", {"hidden_size": 8}), {"train": list("abc abc\n")})
-    with pytest.raises(ValueError, match="needs an MZU encoder"):
+@pytest.mark.parametrize(("name", "args"), [("gru_ln", {}), ("dtgru", {"transition_depth": 2})])
+def test_gru_trace_matches_the_encoder(name, args):
+    """Figure 3(a) needs the GRU's candidates: the trace's states are the encoder's own outputs,
+    and each state is the update gate's mix of the previous state and the traced candidate."""
+    torch.manual_seed(0)
+    encoder = build_encoder(name, 5, hidden_size=6, num_layers=2, dropout=0.2, **args).eval()
+    x = torch.randn(3, 7, 5)
+    with torch.no_grad():
+        outputs, _ = encoder(x)
+        candidates, states = encoder.trace(x)
+    assert candidates.shape == (3, 7, 1 + args.get("transition_depth", 0), 6)
+    torch.testing.assert_close(states, outputs)
+    top = encoder.cells[-1]
+    _, layer_input = encoder.cells[0].trace(x.transpose(0, 1), torch.zeros(3, 6))  # layer 1: (T, B, H)
+    h = torch.zeros(3, 6)
+    for t in range(7):
+        x_part = top.cells[0].x_proj(layer_input[t])
+        cand, u = top.cells[0].candidate_and_gate(x_part, h)
+        torch.testing.assert_close(cand, candidates[:, t, 0])
+        h = torch.lerp(h, cand, u)
+        for depth, cell in enumerate(top.cells[1:], 1):
+            cand, u = cell.candidate_and_gate(None, h)
+            torch.testing.assert_close(cand, candidates[:, t, depth])
+            h = torch.lerp(h, cand, u)
+        torch.testing.assert_close(h, states[:, t])
+
+
+def test_gru_and_mzu_panels_in_one_figure(trained, trained_gru, tmp_path, capsys):
+    """The paper's Figure 3: (a) the GRU, (b) the capMZU, (c) the capMZU's zones, for one text."""
+    gru = zone_relevance(load_task(trained_gru, with_data=False), "signed agreements")
+    assert gru.zones.shape == (1, 17, 17)
+    torch.testing.assert_close(gru.zones[0], gru.overall, equal_nan=True)  # a GRU has one "zone"
+    out = tmp_path / "figure3.png"
+    assert main(["plot-zones", str(trained_gru), str(trained), "--text", "payments", "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and str(out) in capsys.readouterr().out
+    mzu = zone_relevance(load_task(trained, with_data=False), "the talks")
+    with pytest.raises(ValueError, match="same text"):
+        plot_zone_relevance({"GRU": gru, "capMZU": mzu}, tmp_path / "mixed.png")
+
+
+def test_other_encoders_are_refused(tmp_path):
+    task = LMTask(_config(tmp_path, "lstm", {"hidden_size": 8}), {"train": list("abc abc\n")})
+    with pytest.raises(ValueError, match="needs an MZU, GRU"):
         zone_relevance(task, "abc")
 
 
