@@ -31,12 +31,15 @@ def _flat(state: object) -> list[Tensor]:
     raise TypeError(type(state))
 
 
-def _batch_dim(state: Tensor, batch: int) -> int:
-    """Index of the batch dimension of a state tensor (the first of size ``batch``)."""
-    for dim, size in enumerate(state.shape):
-        if size == batch:
-            return dim
-    raise AssertionError(f"state of shape {tuple(state.shape)} has no batch dimension of size {batch}")
+def _batch_dim(batched: Tensor, alone: Tensor, batch: int) -> int:
+    """Index of the batch dimension of a state tensor: the one dimension where the batch's state
+    (size ``batch`` > 1) and a single row's state (size 1) differ."""
+    if batched.dim() != alone.dim():
+        raise AssertionError(f"state shapes {tuple(batched.shape)} (batch) and {tuple(alone.shape)} (one row) differ")
+    dims = [d for d, (a, b) in enumerate(zip(batched.shape, alone.shape, strict=True)) if a != b]
+    if len(dims) != 1 or batched.shape[dims[0]] != batch or alone.shape[dims[0]] != 1:
+        raise AssertionError(f"state of shape {tuple(batched.shape)} has no batch dimension of size {batch}")
+    return dims[0]
 
 
 def assert_padding_invariant(encoder: Encoder, lengths: list[int], atol: float = 1e-5, seed: int = 0) -> None:
@@ -55,8 +58,10 @@ def assert_padding_invariant(encoder: Encoder, lengths: list[int], atol: float =
         alone, alone_state = encoder(x[b : b + 1, :n], torch.ones(1, n, dtype=torch.bool))
         _close(out[b, :n], alone[0], atol, f"row {b} (length {n}) padded vs alone")
         for s_batch, s_alone in zip(_flat(state), _flat(alone_state), strict=True):
-            dim = _batch_dim(s_batch, batch)
-            _close(s_batch.select(dim, b), s_alone.select(_batch_dim(s_alone, 1), 0), atol, f"row {b} final state")
+            if batch > 1:
+                dim = _batch_dim(s_batch, s_alone, batch)
+                s_batch, s_alone = s_batch.select(dim, b), s_alone.select(dim, 0)
+            _close(s_batch, s_alone, atol, f"row {b} final state")
 
 
 def assert_batch_invariant(encoder: Encoder, atol: float = 1e-5, seed: int = 0) -> None:
