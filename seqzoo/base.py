@@ -21,7 +21,11 @@ return it from :meth:`Encoder.auxiliary_loss`; trainers add it to the task loss.
 
 from __future__ import annotations
 
+import collections.abc
 import inspect
+import numbers
+import types
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -187,12 +191,51 @@ def check_arguments(target: Callable[..., Any], what: str, *args: Any, **kwargs:
             takes = ", ".join(p for p in params if p not in ("self", "input_size"))
             raise ValueError(f"{what} takes no argument {', '.join(unknown)} (it takes {takes})")
     try:
-        signature.bind(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
     except TypeError as err:
         raise ValueError(f"{what}: {err}") from None
+    try:
+        hints = typing.get_type_hints(target.__init__ if inspect.isclass(target) else target)
+    except Exception:  # an annotation that does not resolve: leave the types to the target
+        hints = {}
+    for key, value in bound.arguments.items():
+        if key in hints and not _has_type(value, hints[key]):
+            raise ValueError(f"{what}: {key} must be {_type_name(hints[key])}, got {value!r}")
 
 
-def build_encoder(name: str, input_size: int, **kwargs: Any) -> Encoder:
+def _has_type(value: Any, hint: Any) -> bool:
+    """Whether ``value`` fits the annotation ``hint`` (scalars, None, unions, sequences, Literal);
+    other annotations (tensors, modules, callables) are not checked."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:  # bool is an int to Python, not to a config
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if hint is type(None):
+        return value is None
+    if origin in (typing.Union, types.UnionType):
+        return any(_has_type(value, arg) for arg in args)
+    if origin is typing.Literal:
+        return value in args
+    if origin in (list, tuple, collections.abc.Sequence):
+        element = args[0] if args else Any
+        return isinstance(value, (list, tuple)) and all(_has_type(v, element) for v in value)
+    return True
+
+
+def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(arg) for arg in typing.get_args(hint))
+    if typing.get_origin(hint) in (list, tuple, collections.abc.Sequence):
+        return f"a list of {_type_name(typing.get_args(hint)[0])}"
+    return "None" if hint is type(None) else getattr(hint, "__name__", str(hint))
+
+
+def build_encoder(name: str, /, input_size: int, **kwargs: Any) -> Encoder:
     """Build a registered encoder, e.g. ``build_encoder("lstm", 50, hidden_size=128, bidirectional=True)``.
 
     An unknown name or argument is a ``ValueError`` that names it, raised before anything is built.

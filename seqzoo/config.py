@@ -12,7 +12,7 @@ import dataclasses
 import os
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -327,6 +327,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         return config_from_dict(values)
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}" if path else str(err)) from None
+
+
+def with_recipe_arguments(encoder_args: Mapping[str, Any], **owned: Any) -> dict[str, Any]:
+    """``encoder_args`` plus the arguments the recipe sets itself (``owned``, e.g. ``input_size``: the
+    embedding size). An ``encoder_args`` entry for one of those is a ``ValueError`` that names it."""
+    clash = [f"{key} (the recipe sets it to {owned[key]!r})" for key in encoder_args if key in owned]
+    if clash:
+        raise ValueError(f"encoder_args may not set {', '.join(clash)}")
+    return {**owned, **encoder_args}
 
 
 @contextlib.contextmanager

@@ -286,7 +286,7 @@ class LSTMSeq2Seq(Seq2Seq):
 SEQ2SEQ_MODELS: dict[str, type[Seq2Seq]] = {"qrnn": QRNNSeq2Seq, "lstm": LSTMSeq2Seq}
 
 
-def build_seq2seq(encoder: str, vocab_size: int, embedding_dim: int, **kwargs: Any) -> Seq2Seq:
+def build_seq2seq(encoder: str, /, vocab_size: int, embedding_dim: int, **kwargs: Any) -> Seq2Seq:
     """The encoder–decoder named ``encoder`` (``"qrnn"`` or ``"lstm"``) with ``kwargs``."""
     if encoder not in SEQ2SEQ_MODELS:
         raise ValueError(f"no encoder-decoder for encoder {encoder!r}; choose from {', '.join(SEQ2SEQ_MODELS)}")

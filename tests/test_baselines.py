@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import torch
 from conftest import needs_cxx
@@ -171,6 +173,13 @@ def test_contract_check_catches_leaking_encoder():
         assert_padding_invariant(enc.eval(), [5, 2])
 
 
+@pytest.mark.parametrize("name", ["lstm", "gru", "dtgru"])
+def test_assert_contract_finds_the_batch_dimension_of_any_state(name):
+    """The padding check runs a batch of 5: a state (layers, B, H) with 5 layers once had its layer
+    dimension taken for the batch's, and a correct encoder failed the contract."""
+    assert_contract(build_encoder(name, 3, hidden_size=4, num_layers=5))
+
+
 def test_mask_validation_messages():
     enc = build_encoder("gru", 3, hidden_size=2)
     x = torch.randn(2, 4, 3)
@@ -205,6 +214,23 @@ def test_input_of_the_wrong_size_or_empty_is_refused(name):
     for rate in (1.0, -0.1):  # a one-layer LSTM does not use its dropout, but still checks it
         with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\)"):
             build_encoder(name, 6, hidden_size=4, dropout=rate, **ALL_ENCODERS[name])
+
+
+def test_argument_types_are_checked_before_anything_is_built():
+    """A value of the wrong type is refused by name (torch's LSTM took ``bidirectional=1`` and failed
+    at the first forward); an int is a float, a bool is no int."""
+    for kwargs, message in (
+        ({"bidirectional": 1}, "encoder 'gru': bidirectional must be bool, got 1"),
+        ({"hidden_size": True}, "encoder 'gru': hidden_size must be int, got True"),
+        ({"dropout": "0.1"}, "encoder 'gru': dropout must be float, got '0.1'"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            build_encoder("gru", 4, **{"hidden_size": 8, **kwargs})
+    with pytest.raises(ValueError, match=re.escape("window must be int or a list of int, got '2'")):
+        build_encoder("qrnn", 4, hidden_size=8, window="2")
+    with pytest.raises(ValueError, match=re.escape("filter_size must be int or None, got 2.0")):
+        build_encoder("mzu", 4, hidden_size=8, filter_size=2.0)
+    assert build_encoder("qrnn", 4, hidden_size=8, window=[2], dropout=0).output_size == 8
 
 
 @pytest.mark.parametrize("name", [name for name in ALL_ENCODERS if name != "transformer"])

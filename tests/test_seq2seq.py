@@ -324,6 +324,10 @@ def test_translation_config_rejects_other_encoders(tmp_path):
     cfg = load_config(None, ["task=translation", f"data.data_dir={tmp_path}", "model.encoder=gru"])
     with pytest.raises(ValueError, match="no encoder-decoder for encoder 'gru'; choose from qrnn, lstm"):
         TranslationTask(cfg, read_splits(cfg.data))
+    for key in ("vocab_size", "dropout"):  # set by the recipe (from the data and model.dropout)
+        cfg = load_config(None, ["task=translation", f"data.data_dir={tmp_path}", f"model.encoder_args.{key}=5"])
+        with pytest.raises(ValueError, match=f"model: encoder_args may not set {key} \\(the recipe sets it to "):
+            TranslationTask(cfg, read_splits(cfg.data))
 
 
 def test_paper_protocol_config():

@@ -316,6 +316,11 @@ def test_model_arguments_the_encoder_refuses_are_config_errors(toy_corpus, tmp_p
             ("model.encoder_args.bogus=1", "model: encoder 'lstm' takes no argument bogus (it takes hidden_size, "),
             ("model.encoder_args.num_layers=0", "model: num_layers must be"),
             ("model.encoder=transformer", "model: the Transformer has no bidirectional option"),
+            ("model.encoder_args.hidden_size=abc", "model: encoder 'lstm': hidden_size must be int, got 'abc'"),
+            ("model.encoder_args.hidden_size=2.5", "model: encoder 'lstm': hidden_size must be int, got 2.5"),
+            ("model.encoder_args.bidirectional=1", "model: encoder 'lstm': bidirectional must be bool, got 1"),
+            ("model.encoder_args.input_size=5", "model: encoder_args may not set input_size (the recipe sets it to "),
+            ("model.encoder_args.name=x", "model: encoder 'lstm' takes no argument name"),
         )
     ):
         assert main(["train", config, "--run-dir", str(tmp_path / str(number)), "--set", override]) == 2

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqzoo.base import build_encoder
-from seqzoo.config import ABSADataConfig, RunConfig, names_config_errors
+from seqzoo.config import ABSADataConfig, RunConfig, names_config_errors, with_recipe_arguments
 from seqzoo.data.absa import POLARITIES, AspectExample, hard_subset, hold_out_sentences, read_semeval2014
 from seqzoo.data.batching import bucket_batches, pad_batch
 from seqzoo.data.errors import DataError
@@ -105,7 +105,7 @@ class AspectSentimentClassifier(nn.Module):
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, embedding_dim, padding_idx=0)
         self.embedding_dropout = nn.Dropout(embedding_dropout)
-        self.encoder = build_encoder(encoder, embedding_dim, **(encoder_args or {}))
+        self.encoder = build_encoder(encoder, **with_recipe_arguments(encoder_args or {}, input_size=embedding_dim))
         self.sentence_pool = build_pooler(pooler, self.encoder.output_size, self.encoder.bidirectional)
         self.aspect_pool = build_pooler("mean", embedding_dim)
         self.dropout = nn.Dropout(dropout)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqzoo.base import build_encoder
-from seqzoo.config import ClassificationDataConfig, ModelConfig, RunConfig, names_config_errors
+from seqzoo.config import ClassificationDataConfig, ModelConfig, RunConfig, names_config_errors, with_recipe_arguments
 from seqzoo.data.batching import bucket_batches, pad_batch
 from seqzoo.data.classification import ClassificationData, LabeledText, LabelSet, bundled_corpus_dir
 from seqzoo.data.errors import DataError
@@ -38,7 +38,7 @@ class TextClassifier(nn.Module):
         self.embedding = nn.Embedding(vocab_size, embedding_dim, padding_idx=0)
         self.embedding.weight.requires_grad_(not freeze_embeddings)
         self.embedding_dropout = nn.Dropout(cfg.embedding_dropout)
-        self.encoder = build_encoder(cfg.encoder, embedding_dim, **cfg.encoder_args)
+        self.encoder = build_encoder(cfg.encoder, **with_recipe_arguments(cfg.encoder_args, input_size=embedding_dim))
         self.pooler = build_pooler(cfg.pooler, self.encoder.output_size, self.encoder.bidirectional)
         layers: list[nn.Module] = []
         width = self.pooler.output_size

@@ -32,7 +32,7 @@ from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from seqzoo.base import State, build_encoder, detach_state
-from seqzoo.config import LMDataConfig, ModelConfig, RunConfig, names_config_errors
+from seqzoo.config import LMDataConfig, ModelConfig, RunConfig, names_config_errors, with_recipe_arguments
 from seqzoo.data.errors import DataError
 from seqzoo.data.io import require_file
 from seqzoo.data.lm import EOS, batchify, build_lm_vocab, read_lm_tokens, tbptt_batches
@@ -70,7 +70,7 @@ class LanguageModel(nn.Module):
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, embedding_dim)
         self.embedding_dropout = nn.Dropout(cfg.embedding_dropout)
-        self.encoder = build_encoder(cfg.encoder, embedding_dim, **cfg.encoder_args)
+        self.encoder = build_encoder(cfg.encoder, **with_recipe_arguments(cfg.encoder_args, input_size=embedding_dim))
         if not (self.encoder.causal and self.encoder.stateful):
             raise ValueError(
                 f"encoder {cfg.encoder!r} with args {cfg.encoder_args} is not causal and stateful "

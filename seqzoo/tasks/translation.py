@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from seqzoo.config import RunConfig, TranslationDataConfig, names_config_errors
+from seqzoo.config import RunConfig, TranslationDataConfig, names_config_errors, with_recipe_arguments
 from seqzoo.data.batching import bucket_batches, pad_batch
 from seqzoo.data.errors import DataError
 from seqzoo.data.text import Vocab
@@ -92,14 +92,14 @@ class TranslationTask:
         self.pairs = pairs
         self.ids = {split: [(self.vocab.encode(s), self.vocab.encode(t)) for s, t in p] for split, p in pairs.items()}
         with names_config_errors("model"):
-            self.model = build_seq2seq(
-                config.model.encoder,
-                len(self.vocab),
-                data.embedding_dim,
+            arguments = with_recipe_arguments(
+                config.model.encoder_args,
+                vocab_size=len(self.vocab),
+                embedding_dim=data.embedding_dim,
                 dropout=config.model.dropout,
                 pad_id=self.vocab.pad_id,
-                **config.model.encoder_args,
             )
+            self.model = build_seq2seq(config.model.encoder, **arguments)
 
     def _batch(self, split: str, indices: list[int]) -> tuple[Tensor, ...]:
         """src, src_mask, decoder input (``<bos>`` + target), its mask, output (target + ``<eos>``)."""
