@@ -37,6 +37,9 @@ def _train(args: argparse.Namespace) -> int:
     from seqzoo.runner import format_summary, run
 
     if args.resume:
+        if args.config or args.run_dir:  # the run's own config.yaml is used, in its own directory
+            given = "a config file" if args.config else "--run-dir"
+            raise ConfigError(f"--resume continues {args.resume} with its stored config.yaml; {given} cannot be added")
         run_dir = Path(args.resume)
         stored = run_dir / "config.yaml"
         if not stored.exists():
@@ -136,7 +139,14 @@ def _predict(args: argparse.Namespace) -> int:
             f"{runs[0]}: `seqzoo predict` serves classification, aspect sentiment and translation runs, not this one"
         )
     source = "<stdin>" if args.input in (None, "-") else args.input
-    content = sys.stdin.read() if source == "<stdin>" else read_text(source)
+    if source == "<stdin>":  # bytes, decoded as strictly as files are
+        raw = sys.stdin.buffer.read()
+        try:
+            content = raw.decode("utf-8-sig")
+        except UnicodeDecodeError as err:
+            raise DataError(f"invalid UTF-8 ({err.reason})", source, raw.count(b"\n", 0, err.start) + 1) from None
+    else:
+        content = read_text(source)
     lines = content.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # \n, \r\n and \r all end a line
     numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -48,6 +49,7 @@ def _require(
     None (the "off" of optional fields) passes; a list is checked element by element.
     """
     for names, ok, bound in (
+        (positive + non_negative + rate, math.isfinite, "finite"),
         (positive, lambda v: v > 0, "> 0"),
         (non_negative, lambda v: v >= 0, ">= 0"),
         (rate, lambda v: 0 <= v < 1, "in [0, 1)"),

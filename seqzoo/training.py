@@ -273,10 +273,16 @@ class Trainer:
             loss, tokens, count = task.train_loss(batches[index])
             if not torch.isfinite(loss):
                 bar.close()
+                last, best = self.run_dir / "last", self.run_dir / "best"
+                kept = (
+                    f"The last good checkpoint is kept in {last}"
+                    + (f" (best model in {best})" if best.is_dir() else "")
+                    if last.is_dir()
+                    else "No checkpoint was written before it"
+                )
                 raise TrainingError(
-                    f"non-finite loss ({loss.item()}) at epoch {epoch + 1}, batch {index + 1}; "
-                    f"stopping. The last good checkpoint is kept in {self.run_dir / 'last'} "
-                    f"(best model in {self.run_dir / 'best'}). Try a lower learning rate or gradient clipping."
+                    f"non-finite loss ({loss.item()}) at epoch {epoch + 1}, batch {index + 1}; stopping. "
+                    f"{kept}. Try a lower learning rate or gradient clipping."
                 )
             lr = scheduled_lr(cfg.optim, state["lr"], state["global_step"], steps)
             for group in self.optimizer.param_groups:  # the one place the optimiser's rate is set

@@ -41,6 +41,8 @@ def test_bad_values_name_the_key(override, message):
     ("override", "message"),
     [
         ("optim.lr=0", r"optim\.lr: must be > 0, got 0\.0"),
+        ("optim.lr=inf", r"optim\.lr: must be finite, got inf"),
+        ("optim.clip_norm=nan", r"optim\.clip_norm: must be finite, got nan"),
         ("optim.warmup_steps=-5", r"optim\.warmup_steps: must be >= 0"),
         ("optim.momentum=1.0", r"optim\.momentum: must be in \[0, 1\)"),
         ("model.dropout=1.0", r"model\.dropout: must be in \[0, 1\)"),

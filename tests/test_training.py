@@ -1,5 +1,6 @@
 """End-to-end training: the recipe, run directory, NaN handling and exact resume after SIGKILL."""
 
+import io
 import itertools
 import json
 import math
@@ -43,7 +44,7 @@ def _records(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS} for line in lines]
 
 
-def test_train_evaluate_predict_cli(toy_corpus, tmp_path, capsys):
+def test_train_evaluate_predict_cli(toy_corpus, tmp_path, capsys, monkeypatch):
     config = _config_yaml(toy_corpus, tmp_path)
     assert main(["train", str(config), "--run-dir", str(tmp_path / "r"), "--set", "train.epochs=4"]) == 0
     run_dir = tmp_path / "r"
@@ -82,6 +83,14 @@ def test_train_evaluate_predict_cli(toy_corpus, tmp_path, capsys):
         texts.write_bytes(f"a superb lovely film{ending}awful boring plot{ending}".encode())
         assert main(["predict", str(run_dir), "--input", str(texts)]) == 0
         assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == preds
+    for data, expected in ((b"a superb lovely film\nawful boring plot\n", 0), (b"a superb film\nawful \xff plot\n", 2)):
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data)))  # `... | seqzoo predict RUN`
+        assert main(["predict", str(run_dir)]) == expected
+        captured = capsys.readouterr()
+        if expected == 0:
+            assert [json.loads(line) for line in captured.out.splitlines()] == preds
+        else:  # as strict as a file: the line is named, nothing is predicted
+            assert "<stdin>:2: invalid UTF-8" in captured.err and not captured.out
 
 
 def test_multi_seed_summary_reports_mean_and_std(toy_corpus, tmp_path):
@@ -165,12 +174,12 @@ def test_seeds_not_folds_are_the_samples_of_the_spread():
 def test_nan_loss_stops_with_message_and_keeps_checkpoint(toy_corpus, tmp_path, monkeypatch):
     from seqzoo.tasks.classification import ClassificationTask
 
-    original, calls = ClassificationTask.train_loss, []
+    original, calls, poison_at = ClassificationTask.train_loss, [], [45]
 
     def poisoned(self, batch):
         step = original(self, batch)
         calls.append(1)
-        return step._replace(loss=step.loss * float("nan")) if len(calls) == 45 else step
+        return step._replace(loss=step.loss * float("nan")) if len(calls) == poison_at[0] else step
 
     monkeypatch.setattr(ClassificationTask, "train_loss", poisoned)
     config = load_config(_config_yaml(toy_corpus, tmp_path))
@@ -179,6 +188,10 @@ def test_nan_loss_stops_with_message_and_keeps_checkpoint(toy_corpus, tmp_path, 
     state = json.loads((tmp_path / "nan/last/train_state.json").read_text())["loop"]
     assert state["global_step"] == 40  # the checkpoint before the NaN survives
     assert (tmp_path / "nan/best/model.safetensors").exists()
+    calls.clear()  # a NaN before the first checkpoint: the message must not point to one
+    poison_at[0] = 5
+    with pytest.raises(TrainingError, match=r"batch 5; stopping\. No checkpoint was written before it\."):
+        run(config, tmp_path / "early")
 
 
 _KILLER = """
@@ -334,12 +347,15 @@ def test_model_arguments_the_encoder_refuses_are_config_errors(toy_corpus, tmp_p
         main(["train", config, "--run-dir", str(tmp_path / "bug")])
 
 
-def test_resume_with_a_larger_epoch_budget_trains_on(toy_corpus, tmp_path):
+def test_resume_with_a_larger_epoch_budget_trains_on(toy_corpus, tmp_path, capsys):
     """`--resume RUN --set train.epochs=N` extends a finished run; it used to print the old summary."""
     config = str(_config_yaml(toy_corpus, tmp_path))  # 3 epochs
     short, clean = tmp_path / "short", tmp_path / "clean"
     assert main(["train", config, "--run-dir", str(short), "--set", "train.epochs=1"]) == 0
     assert [r["event"] for r in _records(short)] == ["epoch", "test"]
+    for extra in ([config], ["--run-dir", str(clean)]):  # a resumed run keeps its own config and directory
+        assert main(["train", *extra, "--resume", str(short), "--set", "train.epochs=3"]) == 2
+        assert "with its stored config.yaml" in capsys.readouterr().err
     assert main(["train", "--resume", str(short), "--set", "train.epochs=3"]) == 0
     assert main(["train", config, "--run-dir", str(clean)]) == 0
     assert [r["event"] for r in _records(short)] == ["epoch"] * 3 + ["test"]
