@@ -241,6 +241,9 @@ def build_encoder(name: str, /, input_size: int, **kwargs: Any) -> Encoder:
     An unknown name or argument is a ``ValueError`` that names it, raised before anything is built.
     """
     if name not in _REGISTRY:
-        raise ValueError(f"unknown encoder {name!r}; available: {', '.join(available_encoders())}")
+        raise ValueError(
+            f"unknown encoder {name!r}; available: {', '.join(available_encoders())} (an encoder of your own "
+            "is registered when its module is imported; on the command line: seqzoo --import MODULE ...)"
+        )
     check_arguments(_REGISTRY[name], f"encoder {name!r}", input_size=input_size, **kwargs)
     return _REGISTRY[name](input_size=input_size, **kwargs)

@@ -6,6 +6,7 @@ import argparse
 import importlib
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -256,8 +257,31 @@ def _bench(args: argparse.Namespace) -> int:
     return int(module.main(args.rest) or 0)
 
 
+def _import_modules(modules: list[str]) -> None:
+    """``--import``: the modules by name, from the current directory too (as ``python -m`` would)."""
+    if modules and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            raise ConfigError(f"--import {name}: {err}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="seqzoo", description=__doc__)
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first (an installed module or one in the current directory), e.g. one that "
+        "registers an encoder of your own with @seqzoo.register_encoder; repeatable",
+    )
+    parser.add_argument(
+        "--threads", type=int, metavar="N", help="torch threads (default: torch's; `train` follows train.threads)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train and evaluate a recipe from a YAML config")
     train.add_argument("config", nargs="?", help="YAML config (default: BiLSTM on the bundled movie_snippets corpus)")
@@ -334,6 +358,13 @@ def main(argv: list[str] | None = None) -> int:
     from seqzoo.training import TrainingError
 
     try:
+        _import_modules(args.imports)
+        if args.threads is not None:
+            if args.threads < 1:
+                raise ConfigError(f"--threads must be >= 1, got {args.threads}")
+            import torch
+
+            torch.set_num_threads(args.threads)
         return args.func(args)
     except (ConfigError, DataError, TrainingError, OSError) as err:
         print(f"seqzoo: error: {err}", file=sys.stderr)

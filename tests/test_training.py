@@ -486,3 +486,42 @@ def test_trainer_sets_the_scheduled_lr_at_every_step(toy_corpus, tmp_path, monke
     assert used[0] == pytest.approx(cfg.lr / cfg.warmup_steps if cfg.warmup_steps else cfg.lr)
     epochs = [r for r in _records(tmp_path / "scheduled") if r["event"] == "epoch"]
     assert [r["lr"] for r in epochs] == pytest.approx([used[29], used[-1]])
+
+
+PLUGIN = """
+import torch
+from seqzoo import Encoder, register_encoder
+
+
+@register_encoder("toy_plugin_linear")
+class ToyLinear(Encoder):
+    def __init__(self, input_size: int, hidden_size: int) -> None:
+        super().__init__(input_size, hidden_size)
+        self.linear = torch.nn.Linear(input_size, hidden_size)
+
+    def forward(self, x, mask=None, state=None):
+        mask = self.check_input(x, mask)
+        return torch.tanh(self.linear(x)) * mask.unsqueeze(-1), None
+"""
+
+
+def test_an_encoder_of_your_own_through_the_command_line(toy_corpus, tmp_path, capsys, monkeypatch):
+    """`seqzoo --import MODULE` makes a user's registered encoder usable by every command: a run
+    trained with it can be evaluated and served; without the import the error says how."""
+    (tmp_path / "toy_plugin_module.py").write_text(PLUGIN)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    config, run_dir = str(_config_yaml(toy_corpus, tmp_path)), str(tmp_path / "own")
+    overrides = ["--set", "model.encoder=toy_plugin_linear", "--set", "model.encoder_args={hidden_size: 6}"]
+    assert main(["train", config, "--run-dir", run_dir, "--set", "train.epochs=1", *overrides]) == 2
+    assert "unknown encoder 'toy_plugin_linear'" in (err := capsys.readouterr().err) and "--import MODULE" in err
+    plugin = ["--import", "toy_plugin_module", "--threads", str(torch.get_num_threads())]
+    assert main([*plugin, "train", config, "--run-dir", run_dir, "--set", "train.epochs=1", *overrides]) == 0
+    assert main([*plugin, "evaluate", run_dir]) == 0
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"a superb lovely film\n")))
+    capsys.readouterr()
+    assert main([*plugin, "predict", run_dir]) == 0
+    assert json.loads(capsys.readouterr().out)["label"] in ("pos", "neg")
+    assert main(["--import", "no_such_module_here", "evaluate", run_dir]) == 2
+    assert "--import no_such_module_here: No module named" in capsys.readouterr().err
+    assert main(["--threads", "0", "evaluate", run_dir]) == 2
