@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from seqzoo.config import ConfigError, RunConfig, config_to_dict, load_config
+from seqzoo.config import DATA_PATHS, ConfigError, RunConfig, config_to_dict, load_config
 
 __all__ = ["main"]
 
@@ -22,7 +22,6 @@ DEFAULT_CONFIG = Path(__file__).with_name("configs") / "default.yaml"
 #: change the rest: the epoch and step budgets, patience, the optimiser's schedule, threads,
 #: logging). Data paths may move (:data:`DATA_PATHS`); seeds may only be added (:func:`_seed_list`).
 FIXED_ON_RESUME = ("task", "data", "model", "train.batch_size")
-DATA_PATHS = ("data.data_dir", "data.train", "data.dev", "data.test", "data.embeddings")
 
 
 def _new_run_dir(output_dir: str, name: str) -> Path:
@@ -121,7 +120,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     runs = _trained_runs(args.run_dir)
     results = {}
     for sub in runs:
-        metrics = load_task(sub).evaluate(args.split)
+        metrics = load_task(sub, data_paths=args.set).evaluate(args.split)
         results[str(sub.relative_to(args.run_dir))] = {f"{args.split}_{k}": v for k, v in metrics.items()}
         print(json.dumps({"run": str(sub), "split": args.split, **metrics}))
     print("\n".join(format_summary(summarize(results))))
@@ -207,10 +206,12 @@ def _plot_lengths(args: argparse.Namespace) -> int:
         boundaries = sorted({int(b) for b in args.boundaries.split(",")})
     except ValueError:
         raise ConfigError(f"--boundaries must be comma-separated integers, got {args.boundaries!r}") from None
+    if boundaries[0] < 1:
+        raise ConfigError(f"--boundaries must be line lengths >= 1, got {args.boundaries!r}")
     series, metric = {}, None
     for run_dir in args.run_dirs:
         sub = _trained_runs(run_dir)[0]
-        task = load_task(sub)
+        task = load_task(sub, data_paths=args.set)
         if not isinstance(task, LMTask):
             raise ConfigError(f"{sub}: not a language model run")
         if metric not in (None, task.metric):
@@ -268,6 +269,9 @@ def _import_modules(modules: list[str]) -> None:
             raise ConfigError(f"--import {name}: {err}") from None
 
 
+MOVED_DATA_HELP = "where the run's data lies now, e.g. data.data_dir=DIR (data paths only)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="seqzoo", description=__doc__)
     parser.add_argument(
@@ -292,6 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = sub.add_parser("evaluate", help="evaluate the best checkpoint(s) of a run")
     evaluate.add_argument("run_dir")
     evaluate.add_argument("--split", default="test", choices=["train", "dev", "test"])
+    evaluate.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=MOVED_DATA_HELP)
     evaluate.set_defaults(func=_evaluate)
     predict = sub.add_parser(
         "predict",
@@ -326,6 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     lengths.add_argument("--split", default="test", choices=["dev", "test"])
     lengths.add_argument("--boundaries", default="20,40,60,80,100", help="bucket edges, [lo, hi) (default 20,...,100)")
     lengths.add_argument("--out", required=True, help="PNG path")
+    lengths.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=MOVED_DATA_HELP)
     lengths.set_defaults(func=_plot_lengths)
     hidden = sub.add_parser("plot-hidden", help="last-layer hidden states over a document (QRNN paper Figure 3) as PNG")
     hidden.add_argument("run_dir")

@@ -292,7 +292,12 @@ def config_to_dict(config: RunConfig) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
 
-def _apply_override(values: dict[str, Any], assignment: str) -> None:
+#: Keys that say where the data lies, not what a model was trained with: a resumed or reloaded run may move them.
+DATA_PATHS = ("data.data_dir", "data.train", "data.dev", "data.test", "data.embeddings")
+
+
+def apply_override(values: dict[str, Any], assignment: str) -> None:
+    """Set ``key.sub=value`` (the value read as YAML) in a nested config dict."""
     if "=" not in assignment:
         raise ConfigError(f"override {assignment!r} is not of the form key=value")
     key, raw = assignment.split("=", 1)
@@ -324,7 +329,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             raise ConfigError(f"{path}: the top level must be a mapping")
         values = loaded or {}
     for assignment in overrides:
-        _apply_override(values, assignment)
+        apply_override(values, assignment)
     try:
         return config_from_dict(values)
     except ConfigError as err:

@@ -7,13 +7,14 @@ import dataclasses
 import importlib
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from seqzoo.checkpoint import resolve_checkpoint
-from seqzoo.config import RunConfig, config_from_dict, config_to_dict
+from seqzoo.config import DATA_PATHS, ConfigError, RunConfig, apply_override, config_from_dict, config_to_dict
 from seqzoo.data.errors import DataError
 from seqzoo.data.io import atomic_write_text, read_json, read_text, write_json
 from seqzoo.training import Trainer, mean_std, set_seed, set_threads, stop_reason
@@ -147,10 +148,20 @@ def find_runs(run_dir: str | Path) -> list[Path]:
     return found
 
 
-def load_task(sub_run: str | Path, with_data: bool = True) -> Any:
-    """Rebuild a trained task from ``sub_run/best`` (safetensors + JSON; nothing is unpickled)."""
+def load_task(sub_run: str | Path, with_data: bool = True, data_paths: Sequence[str] = ()) -> Any:
+    """Rebuild a trained task from ``sub_run/best`` (safetensors + JSON; nothing is unpickled).
+
+    ``data_paths``: ``key=value`` overrides of where the data lies (:data:`~seqzoo.config.DATA_PATHS`),
+    for a run whose data has moved since training; other keys are a :class:`ConfigError`.
+    """
     best = resolve_checkpoint(Path(sub_run) / "best")
     if best is None:
         raise FileNotFoundError(f"{sub_run}: no best/ checkpoint")
-    config = config_from_dict(read_json(best / "config.json"))
+    values = read_json(best / "config.json")
+    for assignment in data_paths:
+        if assignment.split("=", 1)[0].strip() not in DATA_PATHS:
+            paths = ", ".join(DATA_PATHS)
+            raise ConfigError(f"--set {assignment}: a trained run can only be pointed at its data ({paths})")
+        apply_override(values, assignment)
+    config = config_from_dict(values)
     return task_module(config.task).load_trained(config, best, with_data=with_data)

@@ -231,6 +231,8 @@ def test_plot_lengths_cli(corpus, tmp_path, capsys):
     ]
     assert lines[-1] == str(out) and out.read_bytes()[:4] == b"\x89PNG"
     assert main(["plot-lengths", str(tmp_path / "r"), "--boundaries", "a,b", "--out", str(out)]) == 2
+    assert main(["plot-lengths", str(tmp_path / "r"), "--boundaries=-5,20", "--out", str(out)]) == 2
+    assert "line lengths >= 1" in capsys.readouterr().err
 
 
 def test_sample_function_and_cli(corpus, tmp_path, capsys):

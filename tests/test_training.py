@@ -525,3 +525,17 @@ def test_an_encoder_of_your_own_through_the_command_line(toy_corpus, tmp_path, c
     assert main(["--import", "no_such_module_here", "evaluate", run_dir]) == 2
     assert "--import no_such_module_here: No module named" in capsys.readouterr().err
     assert main(["--threads", "0", "evaluate", run_dir]) == 2
+
+
+def test_a_run_whose_data_moved_is_evaluated_where_the_data_lies_now(toy_corpus, tmp_path, capsys):
+    config, run_dir = str(_config_yaml(toy_corpus, tmp_path)), tmp_path / "moved"
+    assert main(["train", config, "--run-dir", str(run_dir), "--set", "train.epochs=1"]) == 0
+    trained = next(r for r in _records(run_dir) if r["event"] == "test")["test_accuracy"]
+    shutil.move(toy_corpus, tmp_path / "elsewhere")
+    capsys.readouterr()
+    assert main(["evaluate", str(run_dir)]) == 2
+    assert str(toy_corpus) in capsys.readouterr().err  # the old place is named
+    assert main(["evaluate", str(run_dir), "--set", f"data.data_dir={tmp_path / 'elsewhere'}"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["accuracy"] == pytest.approx(trained)
+    assert main(["evaluate", str(run_dir), "--set", "model.dropout=0.0"]) == 2  # not a data path
+    assert "a trained run can only be pointed at its data" in capsys.readouterr().err
