@@ -250,12 +250,12 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The modules of :mod:`seqzoo.bench`, each with a ``main(argv)``.
+BENCHMARKS = ("encoders", "mzu")
+
+
 def _bench(args: argparse.Namespace) -> int:
-    try:
-        module = importlib.import_module(f"seqzoo.bench.{args.name}")
-    except ModuleNotFoundError:
-        raise ConfigError(f"unknown benchmark {args.name!r}") from None
-    return int(module.main(args.rest) or 0)
+    return int(importlib.import_module(f"seqzoo.bench.{args.name}").main(args.rest) or 0)
 
 
 def _import_modules(modules: list[str]) -> None:
@@ -347,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--json", action="store_true", help="one JSON object per metric")
     compare.set_defaults(func=_compare)
     bench = sub.add_parser("bench", help="benchmarks: seqzoo bench encoders|mzu --help")
-    bench.add_argument("name")
+    bench.add_argument("name", choices=BENCHMARKS, help="the benchmark (its own options: seqzoo bench NAME --help)")
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=_bench)
     return parser

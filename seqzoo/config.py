@@ -292,6 +292,22 @@ def config_to_dict(config: RunConfig) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML keeps
+    the last silently, so a config that sets a key twice would train with the one read last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping", node.start_mark, f"found key {key!r} twice", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 #: Keys that say where the data lies, not what a model was trained with: a resumed or reloaded run may move them.
 DATA_PATHS = ("data.data_dir", "data.train", "data.dev", "data.test", "data.embeddings")
 
@@ -318,7 +334,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     values: dict[str, Any] = {}
     if path is not None:
         try:
-            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+            loaded = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # a SafeLoader
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: invalid YAML: {err}") from None
         except OSError as err:

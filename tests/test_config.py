@@ -73,6 +73,9 @@ def test_errors_name_the_file(tmp_path):
     path.write_text("optim:\n  lr: -1\n")
     with pytest.raises(ConfigError, match=r"bad\.yaml: optim\.lr: must be > 0"):
         load_config(path)
+    path.write_text("model:\n  dropout: 0.1\n  pooler: max\n  dropout: 0.3\n")  # PyYAML kept the last silently
+    with pytest.raises(ConfigError, match=r"(?s)bad\.yaml: invalid YAML.*found key 'dropout' twice.*line 4"):
+        load_config(path)
     path.write_text("train: [unclosed\n")
     with pytest.raises(ConfigError, match=r"bad\.yaml: invalid YAML"):
         load_config(path)
