@@ -27,6 +27,7 @@ from seqzoo.data.errors import DataError
 __all__ = [
     "join_tensors",
     "load_tensors",
+    "load_weights",
     "resolve_checkpoint",
     "save_checkpoint_dir",
     "split_tensors",
@@ -121,3 +122,17 @@ def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
         return load_file(str(path))
     except SafetensorError as err:
         raise DataError(f"corrupt or truncated safetensors file ({err})", path) from None
+
+
+def load_weights(model: torch.nn.Module, path: str | Path, tensors: dict[str, torch.Tensor] | None = None) -> None:
+    """Load the ``model.safetensors`` at ``path`` (or its ``tensors``, already read) into ``model``.
+
+    Weights that do not fit the model (a ``config.json`` edited by hand, a checkpoint of another
+    layout) are a :class:`DataError` naming the file and the first mismatches, not torch's traceback.
+    """
+    try:
+        model.load_state_dict(load_tensors(path) if tensors is None else tensors)
+    except RuntimeError as err:
+        problems = [line.strip() for line in str(err).splitlines()[1:] if line.strip()]
+        detail = "; ".join(problems)[:400] or str(err)
+        raise DataError(f"the weights do not fit the model its config describes ({detail})", path) from None

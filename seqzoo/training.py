@@ -37,7 +37,14 @@ import yaml
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from seqzoo.checkpoint import join_tensors, load_tensors, resolve_checkpoint, save_checkpoint_dir, split_tensors
+from seqzoo.checkpoint import (
+    join_tensors,
+    load_tensors,
+    load_weights,
+    resolve_checkpoint,
+    save_checkpoint_dir,
+    split_tensors,
+)
 from seqzoo.config import OptimConfig, RunConfig, TrainConfig, config_to_dict
 from seqzoo.data.io import atomic_write_text, read_json
 from seqzoo.plots import plot_curves
@@ -212,7 +219,7 @@ class Trainer:
                 f"{path / 'train_state.json'}: loop state from another seqzoo version "
                 f"(missing {missing}, unknown {unknown}); it cannot be resumed by this one"
             )
-        self.task.model.load_state_dict(load_tensors(path / "model.safetensors"))
+        load_weights(self.task.model, path / "model.safetensors")
         optim_state = join_tensors(doc["optimizer"], load_tensors(path / "optimizer.safetensors"))
         self.optimizer.load_state_dict(_int_keys(optim_state))
         if hasattr(self.task, "load_extra_state"):
@@ -377,7 +384,7 @@ class Trainer:
         best = resolve_checkpoint(self.run_dir / "best")
         if best is None:
             raise TrainingError(f"no best checkpoint in {self.run_dir}; did training run any epoch?")
-        task.model.load_state_dict(load_tensors(best / "model.safetensors"))
+        load_weights(task.model, best / "model.safetensors")
         test = task.evaluate("test")
         record = {f"test_{k}": v for k, v in test.items()}
         self._record({"event": "test", "best_epoch": self.state["best_epoch"], **record})

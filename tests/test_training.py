@@ -539,3 +539,16 @@ def test_a_run_whose_data_moved_is_evaluated_where_the_data_lies_now(toy_corpus,
     assert json.loads(capsys.readouterr().out.splitlines()[0])["accuracy"] == pytest.approx(trained)
     assert main(["evaluate", str(run_dir), "--set", "model.dropout=0.0"]) == 2  # not a data path
     assert "a trained run can only be pointed at its data" in capsys.readouterr().err
+
+
+def test_a_checkpoint_whose_config_was_edited_is_a_clear_error(toy_corpus, tmp_path, capsys):
+    config, run_dir = str(_config_yaml(toy_corpus, tmp_path)), tmp_path / "edited"
+    assert main(["train", config, "--run-dir", str(run_dir), "--set", "train.epochs=1"]) == 0
+    stored = run_dir / "best/config.json"
+    values = json.loads(stored.read_text())
+    values["model"]["encoder_args"]["hidden_size"] = 14  # trained with 12
+    stored.write_text(json.dumps(values))
+    capsys.readouterr()
+    assert main(["evaluate", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "model.safetensors: the weights do not fit the model its config describes (size mismatch for" in err

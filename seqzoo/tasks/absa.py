@@ -244,7 +244,7 @@ def build_tasks(config: RunConfig) -> list[tuple[str, ABSATask]]:
 
 def load_trained(config: RunConfig, best: Path, with_data: bool = True) -> ABSATask:
     """Rebuild a trained model from a ``best/`` checkpoint directory."""
-    from seqzoo.checkpoint import load_tensors
+    from seqzoo.checkpoint import load_tensors, load_weights
     from seqzoo.data.io import read_json
 
     tensors = load_tensors(best / "model.safetensors")
@@ -255,5 +255,5 @@ def load_trained(config: RunConfig, best: Path, with_data: bool = True) -> ABSAT
         tokenizer=Tokenizer.from_dict(read_json(best / "tokenizer.json")),
         embedding_dim=tensors["embedding.weight"].shape[1],
     )
-    task.model.load_state_dict(tensors)
+    load_weights(task.model, best / "model.safetensors", tensors)
     return task

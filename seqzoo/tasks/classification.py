@@ -196,7 +196,7 @@ def load_trained(config: RunConfig, best: Path, with_data: bool = True) -> Class
     fold's training split no longer gives the vocabulary the model was trained with (the data
     changed), its held-out fold cannot be trusted and a :class:`DataError` says so.
     """
-    from seqzoo.checkpoint import load_tensors
+    from seqzoo.checkpoint import load_tensors, load_weights
     from seqzoo.data.io import read_json
 
     splits: dict[str, list[LabeledText]] = {}
@@ -220,5 +220,5 @@ def load_trained(config: RunConfig, best: Path, with_data: bool = True) -> Class
             "(the data changed since training?): its held-out fold cannot be rebuilt",
             fold.sources["train"],
         )
-    task.model.load_state_dict(weights)
+    load_weights(task.model, best / "model.safetensors", weights)
     return task

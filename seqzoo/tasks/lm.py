@@ -229,7 +229,7 @@ def build_tasks(config: RunConfig) -> list[tuple[str, LMTask]]:
 
 def load_trained(config: RunConfig, best: Path, with_data: bool = True) -> LMTask:
     """Rebuild a trained language model from a ``best/`` checkpoint directory."""
-    from seqzoo.checkpoint import load_tensors
+    from seqzoo.checkpoint import load_weights
     from seqzoo.data.io import read_json
 
     level = read_json(best / "lm.json")["level"]
@@ -237,7 +237,7 @@ def load_trained(config: RunConfig, best: Path, with_data: bool = True) -> LMTas
         raise DataError(f"lm.json says level {level!r} but the config says {config.data.level!r}", best)
     tokens = read_splits(config.data) if with_data else {}
     task = LMTask(config, tokens, vocab=Vocab.from_dict(read_json(best / "vocab.json")))
-    task.model.load_state_dict(load_tensors(best / "model.safetensors"))
+    load_weights(task.model, best / "model.safetensors")
     return task
 
 

@@ -176,10 +176,10 @@ def build_tasks(config: RunConfig) -> list[tuple[str, TranslationTask]]:
 
 def load_trained(config: RunConfig, best: Path, with_data: bool = True) -> TranslationTask:
     """Rebuild a trained translation model from a ``best/`` checkpoint directory."""
-    from seqzoo.checkpoint import load_tensors
+    from seqzoo.checkpoint import load_weights
     from seqzoo.data.io import read_json
 
     pairs = read_splits(config.data) if with_data else {}
     task = TranslationTask(config, pairs, vocab=Vocab.from_dict(read_json(best / "vocab.json")))
-    task.model.load_state_dict(load_tensors(best / "model.safetensors"))
+    load_weights(task.model, best / "model.safetensors")
     return task
