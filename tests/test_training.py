@@ -217,12 +217,15 @@ sys.exit(main(sys.argv[1:]))
 def test_resume_after_sigkill_reproduces_uninterrupted_run(toy_corpus, tmp_path, schedule):
     config = _config_yaml(toy_corpus, tmp_path)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    base = [sys.executable, "-c", _KILLER, "train", str(config), "--set", "train.threads=1"]
+    base = [sys.executable, "-c", _KILLER, "train", "--set", "train.threads=1"]  # + CONFIG or --resume RUN
     base += [arg for override in schedule for arg in ("--set", override)]
     # 240 examples / batch 8 = 30 batches per epoch; checkpoints every 10 steps.
     # Step 47 is mid-epoch 2, 7 steps after the last checkpoint: that work is lost and redone.
     killed = subprocess.run(
-        [*base, "--run-dir", str(tmp_path / "killed")], env={**env, "KILL_AT": "47"}, capture_output=True, text=True
+        [*base, str(config), "--run-dir", str(tmp_path / "killed")],
+        env={**env, "KILL_AT": "47"},
+        capture_output=True,
+        text=True,
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     state = json.loads((tmp_path / "killed/last/train_state.json").read_text())["loop"]
@@ -232,7 +235,10 @@ def test_resume_after_sigkill_reproduces_uninterrupted_run(toy_corpus, tmp_path,
     )
     assert resumed.returncode == 0, resumed.stderr
     clean = subprocess.run(
-        [*base, "--run-dir", str(tmp_path / "clean")], env={**env, "KILL_AT": "0"}, capture_output=True, text=True
+        [*base, str(config), "--run-dir", str(tmp_path / "clean")],
+        env={**env, "KILL_AT": "0"},
+        capture_output=True,
+        text=True,
     )
     assert clean.returncode == 0, clean.stderr
     assert _records(tmp_path / "killed") == _records(tmp_path / "clean")
@@ -248,15 +254,17 @@ def test_resume_after_sigkill_at_the_step_that_spent_the_budget(toy_corpus, tmp_
     killed in between must evaluate the epoch when resumed (it used to find no best/ and fail)."""
     config = _config_yaml(toy_corpus, tmp_path)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    base = [sys.executable, "-c", _KILLER, "train", str(config), "--set", "train.threads=1"]
+    base = [sys.executable, "-c", _KILLER, "train", "--set", "train.threads=1"]  # + CONFIG or --resume RUN
     base += ["--set", "train.max_steps=40"]  # 30 steps per epoch, checkpoints every 10: one at step 40
     killed = subprocess.run(  # evaluations: epoch 1's dev, then the cut epoch 2's dev
-        [*base, "--run-dir", str(tmp_path / "killed")], env={**env, "KILL_AT_EVALUATION": "2"}, capture_output=True
+        [*base, str(config), "--run-dir", str(tmp_path / "killed")],
+        env={**env, "KILL_AT_EVALUATION": "2"},
+        capture_output=True,
     )
     assert killed.returncode == -signal.SIGKILL
     state = json.loads((tmp_path / "killed/last/train_state.json").read_text())["loop"]
     assert (state["epoch"], state["step_in_epoch"], state["global_step"]) == (1, 10, 40)
-    for run_dir, args in ((tmp_path / "killed", ["--resume"]), (tmp_path / "clean", ["--run-dir"])):
+    for run_dir, args in ((tmp_path / "killed", ["--resume"]), (tmp_path / "clean", [str(config), "--run-dir"])):
         done = subprocess.run([*base, *args, str(run_dir)], env=env, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
     assert [r["event"] for r in _records(tmp_path / "killed")] == ["epoch", "epoch", "test"]
