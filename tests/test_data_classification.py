@@ -167,3 +167,10 @@ def test_bundled_corpus():
     data = ClassificationData.from_dir(bundled_corpus_dir(), "movie_snippets")
     assert (len(data.train), len(data.dev), len(data.test)) == (8450, 1059, 1057)
     assert (bundled_corpus_dir() / "LICENSE").is_file()
+
+
+def test_a_missing_task_names_the_directory_and_an_unset_variable(tmp_path):
+    with pytest.raises(FileNotFoundError, match=f"no mr.train or mr.train.gz in {tmp_path}$"):
+        ClassificationData.from_dir(tmp_path, "mr")
+    with pytest.raises(FileNotFoundError, match=r"in \$UNSET_DIR/x \(an environment variable in the data directory"):
+        ClassificationData.from_dir("$UNSET_DIR/x", "mr")

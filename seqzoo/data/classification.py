@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from seqzoo.data.errors import DataError
-from seqzoo.data.io import find_file, open_text
+from seqzoo.data.io import find_file, open_text, unset_variable_hint
 
 __all__ = [
     "ClassificationData",
@@ -212,7 +212,7 @@ class ClassificationData:
         """Load ``task`` from ``data_dir`` (see :func:`find_split`); only the train split is required."""
         paths = {split: find_split(data_dir, task, split) for split in SPLITS}
         if paths["train"] is None:
-            raise FileNotFoundError(f"no {task}.train or {task}.train.gz in {data_dir}")
+            raise FileNotFoundError(f"no {task}.train or {task}.train.gz in {data_dir}{unset_variable_hint(data_dir)}")
         return cls.from_files(
             paths["train"], paths["dev"], paths["test"], task=task, labels=labels, dev_fraction=dev_fraction, seed=seed
         )
