@@ -47,6 +47,11 @@ def main() -> None:
     ce, aux, norms, start = [], [], [], time.perf_counter()
     steps = total_steps(cfg.train, len(batches))
     budget = min(args.steps, len(batches), cfg.train.max_steps or args.steps)  # the trainer stops at max_steps
+    if budget < args.steps:
+        limits = f"the first epoch has {len(batches)} batches, train.max_steps is {cfg.train.max_steps}"
+        print(f"only {budget} of the {args.steps} steps asked for: {limits}")
+    if budget < args.every:
+        print(f"no row: --every {args.every} is more than the {budget} steps")
     for index in range(budget):
         step = task.train_loss(batches[index])
         for group in optimizer.param_groups:  # warm-up and step schedules, as the trainer sets them
