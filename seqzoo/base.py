@@ -42,6 +42,7 @@ __all__ = [
     "check_arguments",
     "check_mask",
     "check_rate",
+    "describe_state",
     "detach_state",
     "lengths_from_mask",
     "register_encoder",

@@ -92,7 +92,10 @@ class _TorchRNN(Encoder):
             return
         shape = (self.num_layers * (2 if self.bidirectional else 1), batch, self.hidden_size)
         lstm = isinstance(self.rnn, nn.LSTM)
-        parts = state if lstm and isinstance(state, tuple) and len(state) == 2 else None if lstm else (state,)
+        if lstm:
+            parts = state if isinstance(state, tuple) and len(state) == 2 else None
+        else:
+            parts = (state,)
         if parts is None or not all(isinstance(t, Tensor) and tuple(t.shape) == shape for t in parts):
             expected = f"(h, c), each of shape {shape}" if lstm else f"a tensor of shape {shape}"
             raise ValueError(f"state must be {expected}, got {describe_state(state)}")
