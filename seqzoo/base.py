@@ -1,6 +1,6 @@
 """The encoder contract every seqzoo encoder follows, and the registry that builds them.
 
-Contract (DEVELOPERS.md, MODELS.md "Decisions" 6)::
+Contract (README "The encoder contract", MODELS.md "Decisions" 6)::
 
     outputs, final_state = encoder(x, mask=None, state=None)
     x        (B, T, input_size) float

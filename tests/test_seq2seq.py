@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import math
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from seqzoo.cli import main
-from seqzoo.config import load_config
+from seqzoo.config import ConfigError, load_config
 from seqzoo.data.batching import pad_batch
 from seqzoo.data.errors import DataError
 from seqzoo.data.translation import read_parallel
@@ -350,3 +351,15 @@ def test_lstm_baseline_config_differs_from_the_qrnn_config_only_in_the_model():
         0.2,
     )
     assert (lstm.data, lstm.optim, lstm.train) == (qrnn.data, qrnn.optim, qrnn.train)
+
+
+def test_translation_without_sacrebleu_fails_before_training(tmp_path, monkeypatch):
+    """BLEU needs the ``bleu`` extra; without it the recipe stops at once, not after an epoch."""
+    _write_copy_corpus(tmp_path)
+    from seqzoo.tasks.translation import TranslationTask, read_splits
+
+    cfg = load_config(None, ["task=translation", f"data.data_dir={tmp_path}"])
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "sacrebleu" else real_find_spec(name))
+    with pytest.raises(ConfigError, match=r"sacrebleu: pip install 'seqzoo\[bleu\]'"):
+        TranslationTask(cfg, read_splits(cfg.data))

@@ -18,6 +18,7 @@ tokenisation (its signature is logged). The dev metric for model selection is ``
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from seqzoo.config import RunConfig, TranslationDataConfig, names_config_errors, with_recipe_arguments
+from seqzoo.config import ConfigError, RunConfig, TranslationDataConfig, names_config_errors, with_recipe_arguments
 from seqzoo.data.batching import bucket_batches, pad_batch
 from seqzoo.data.errors import DataError
 from seqzoo.data.text import Vocab
@@ -85,6 +86,8 @@ class TranslationTask:
     higher_is_better = True
 
     def __init__(self, config: RunConfig, pairs: dict[str, list[tuple[str, str]]], vocab: Vocab | None = None) -> None:
+        if pairs and importlib.util.find_spec("sacrebleu") is None:  # fail now, not after the first epoch
+            raise ConfigError("task translation scores BLEU and chrF with sacrebleu: pip install 'seqzoo[bleu]'")
         self.config = config
         data: TranslationDataConfig = config.data
         self.vocab = vocab or build_char_vocab((text for pair in pairs["train"] for text in pair), data.min_freq)
