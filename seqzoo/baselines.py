@@ -69,10 +69,7 @@ class _TorchRNN(Encoder):
         if bool(mask.all()):
             return self.rnn(x, state)
         lengths = lengths_from_mask(mask)
-        if state is None:  # torch's own dtype and device errors, for both paths (packing hides the dtype one)
-            self.rnn.check_input(x, None)
-        else:
-            self.rnn.check_forward_args(x, state, None)
+        self.rnn.check_input(x, None)  # torch's own dtype error, for both paths (packing hides it)
         if self._run_unpacked(x, lengths, state):  # pads are zeroed: NaN * 0 would stay NaN
             out, final = self._unpacked(x.masked_fill(~mask.unsqueeze(-1), 0.0), lengths, state)
         else:  # rows without any real token are run for one (zeroed) step, then restored below

@@ -103,18 +103,16 @@ def plot_zone_relevance(
     chars = ["_" if c == " " else "\\n" if c == "\n" else c for c in next(iter(models.values())).chars]
     steps = len(chars)
     rows = list(range(max(1, steps - last), steps))
-    panels = []  # (values, y labels, title)
-    for name, rel in models.items():
-        prefix = f"{name}: " if name else ""
-        panels.append(
-            (rel.overall[rows], [chars[t] for t in rows], f"{prefix}relevance to each of the last characters")
-        )
+    prefixes = {name: f"{name}: " if name else "" for name in models}
+    panels = [  # (values, y labels, title): every model's relevances, then the zones of those with zones
+        (rel.overall[rows], [chars[t] for t in rows], f"{prefixes[name]}relevance to each of the last characters")
+        for name, rel in models.items()
+    ]
     for name, rel in models.items():
         zones = rel.zones.shape[0]
         if zones > 1 or len(models) == 1:
-            prefix = f"{name}: " if name else ""
             labels = [f"zone{k + 1}" for k in range(zones)]
-            panels.append((rel.zones[:, -1], labels, f"{prefix}per zone, for {chars[-1]!r}"))
+            panels.append((rel.zones[:, -1], labels, f"{prefixes[name]}per zone, for {chars[-1]!r}"))
     heights = [len(labels) for _, labels, _ in panels]
     fig = Figure(figsize=(max(6.0, 0.22 * steps), 1.0 + 0.3 * sum(heights) + 0.6 * len(panels)))
     axes = fig.subplots(len(panels), 1, gridspec_kw={"height_ratios": heights}, squeeze=False)[:, 0]

@@ -280,13 +280,11 @@ class Trainer:
             loss, tokens, count = task.train_loss(batches[index])
             if not torch.isfinite(loss):
                 bar.close()
-                last, best = self.run_dir / "last", self.run_dir / "best"
-                kept = (
-                    f"The last good checkpoint is kept in {last}"
-                    + (f" (best model in {best})" if best.is_dir() else "")
-                    if last.is_dir()
-                    else "No checkpoint was written before it"
-                )
+                last, best = resolve_checkpoint(self.run_dir / "last"), resolve_checkpoint(self.run_dir / "best")
+                if last is None:
+                    kept = "No checkpoint was written before it"
+                else:
+                    kept = f"The last good checkpoint is kept in {last}" + (f" (best model in {best})" if best else "")
                 raise TrainingError(
                     f"non-finite loss ({loss.item()}) at epoch {epoch + 1}, batch {index + 1}; stopping. "
                     f"{kept}. Try a lower learning rate or gradient clipping."
