@@ -44,9 +44,9 @@ def _train(args: argparse.Namespace) -> int:
         stored = run_dir / "config.yaml"
         if not stored.exists():
             raise ConfigError(f"{run_dir}: not a run directory (no config.yaml)")
-        config = load_config(stored, args.set)
+        config = load_config(stored, args.set, resolved=True)
         if _has_trained(run_dir):
-            _refuse_changes_on_resume(load_config(stored), config, stored)
+            _refuse_changes_on_resume(load_config(stored, resolved=True), config, stored)
     else:
         config = load_config(args.config or DEFAULT_CONFIG, args.set)
         run_dir = Path(args.run_dir) if args.run_dir else _new_run_dir(config.output_dir, config.name)

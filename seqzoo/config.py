@@ -8,6 +8,7 @@ naming the dotted key (and the file it came from).
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import math
 import os
@@ -32,6 +33,7 @@ __all__ = [
     "TranslationDataConfig",
     "config_from_dict",
     "config_to_dict",
+    "inert_keys",
     "load_config",
     "names_config_errors",
 ]
@@ -289,7 +291,13 @@ def config_from_dict(values: dict[str, Any]) -> RunConfig:
 
 
 def config_to_dict(config: RunConfig) -> dict[str, Any]:
-    return dataclasses.asdict(config)
+    """``config`` as a plain dict, without the keys that have no effect in it (:func:`inert_keys`),
+    so that a stored run config loads again with :func:`load_config` as a new run's config."""
+    values = dataclasses.asdict(config)
+    for key in inert_keys(config):
+        section, name = key.split(".")
+        del values[section][name]
+    return values
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -329,8 +337,75 @@ def apply_override(values: dict[str, Any], assignment: str) -> None:
         raise ConfigError(f"override {key}: invalid YAML value {raw!r} ({getattr(err, 'problem', err)})") from None
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Read a YAML config (or start from defaults) and apply ``key.sub=value`` overrides."""
+#: The ``model`` keys each recipe reads; the others have no effect in that task.
+_MODEL_KEYS = {
+    "classification": {"encoder", "encoder_args", "pooler", "mlp_hidden", "embedding_dropout", "dropout"},
+    "lm": {"encoder", "encoder_args", "embedding_dropout", "dropout", "tie_weights", "embedding_init"},
+    "absa": {"encoder", "encoder_args", "pooler", "embedding_dropout", "dropout"},
+    "translation": {"encoder", "encoder_args", "dropout"},
+}
+_EPOCH_SCHEDULES = ("plateau", "exponential", "step_after")
+
+
+def inert_keys(config: RunConfig) -> dict[str, str]:
+    """The dotted keys that have no effect under ``config``, each with the reason (a set value would
+    be ignored silently: ``train.batch_size`` in a language model, ``optim.momentum`` with Adam, ...)."""
+    task, data, optim, train = config.task, config.data, config.optim, config.train
+    inert = {
+        f"model.{f.name}": f"the {task} recipe does not use it"
+        for f in dataclasses.fields(ModelConfig)
+        if f.name not in _MODEL_KEYS[task]
+    }
+    if task == "lm":
+        inert["train.batch_size"] = "a language model batches by data.batch_size"
+        inert["train.eval_batch_size"] = "a language model evaluates with data.eval_batch_size"
+    if getattr(data, "embeddings", None) is not None:
+        inert["data.embedding_dim"] = "the vectors of data.embeddings set the embedding size"
+    if task == "absa" and data.dev is not None:
+        inert["data.dev_fraction"] = inert["data.dev_seed"] = "data.dev gives the dev set"
+    if train.seeds:
+        inert["train.seed"] = "train.seeds lists the seeds"
+    if optim.optimizer not in ("sgd", "rmsprop"):
+        inert["optim.momentum"] = f"optimizer {optim.optimizer} has no momentum term"
+    if optim.optimizer != "rmsprop":
+        inert["optim.alpha"] = "it is RMSprop's decay"
+    if optim.optimizer == "sgd":
+        inert["optim.eps"] = "SGD has no epsilon"
+    if optim.schedule not in _EPOCH_SCHEDULES:
+        inert["optim.decay"] = f"it is the multiplier of the {'/'.join(_EPOCH_SCHEDULES)} schedules"
+    if optim.schedule != "step_after":
+        inert["optim.decay_start"] = "it belongs to the step_after schedule"
+    if optim.schedule == "constant":
+        inert["optim.min_lr"] = "the constant schedule does not decay"
+    return inert
+
+
+def _given_keys(values: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
+    """The dotted keys a config dict sets (``encoder_args`` counts as one key)."""
+    for key, value in values.items():
+        if isinstance(value, Mapping) and key != "encoder_args":
+            yield from _given_keys(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}"
+
+
+def _refuse_inert(config: RunConfig, given: dict[str, str]) -> None:
+    """``given``: {dotted key: how it was given}, for the keys the user set."""
+    inert = inert_keys(config)
+    found = [f"{label} would have no effect ({inert[key]})" for key, label in given.items() if key in inert]
+    if found:
+        raise ConfigError(f"{'; '.join(found)}: remove {'it' if len(found) == 1 else 'them'}")
+
+
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), *, resolved: bool = False
+) -> RunConfig:
+    """Read a YAML config (or start from defaults) and apply ``key.sub=value`` overrides.
+
+    A key that would have no effect (:func:`inert_keys`) is a :class:`ConfigError`: a key of the
+    file in the file's own config, an override in the result. ``resolved``: ``path`` is a run's
+    stored config, checked only for its overrides (runs stored before this check list every key).
+    """
     values: dict[str, Any] = {}
     if path is not None:
         try:
@@ -344,12 +419,19 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping")
         values = loaded or {}
+    file_keys = {} if resolved else {key: key for key in _given_keys(values)}
+    file_values = copy.deepcopy(values)
     for assignment in overrides:
         apply_override(values, assignment)
     try:
-        return config_from_dict(values)
+        config = config_from_dict(values)
+        # The file's keys must act in the file's own config (an override may switch one off:
+        # --set train.seeds=[1,2] over a file's seed: 1); the overrides', in the result.
+        _refuse_inert(config_from_dict(file_values) if overrides else config, file_keys)
+        _refuse_inert(config, {key: f"--set {key}" for key in (a.split("=", 1)[0].strip() for a in overrides)})
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}" if path else str(err)) from None
+    return config
 
 
 def with_recipe_arguments(encoder_args: Mapping[str, Any], **owned: Any) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 import pytest
 
-from seqzoo.config import ClassificationDataConfig, ConfigError, LMDataConfig, load_config
+from seqzoo.config import ClassificationDataConfig, ConfigError, LMDataConfig, config_to_dict, inert_keys, load_config
 
 
 def test_yaml_and_overrides(tmp_path):
@@ -82,3 +82,83 @@ def test_errors_name_the_file(tmp_path):
     path.write_bytes(b"name: caf\xe9\n")  # Latin-1
     with pytest.raises(ConfigError, match=r"bad\.yaml: not UTF-8 text \(invalid byte at offset 9\)"):
         load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["task=lm", "train.batch_size=64"],
+            r"train\.batch_size would have no effect \(a language model batches by data",
+        ),
+        (["task=lm", "train.eval_batch_size=8"], r"train\.eval_batch_size would have no effect"),
+        (["task=lm", "model.pooler=max"], r"model\.pooler would have no effect \(the lm recipe does not use it\)"),
+        (["task=translation", "model.embedding_dropout=0.2"], r"model\.embedding_dropout would have no effect"),
+        (["model.tie_weights=true"], r"model\.tie_weights would have no effect \(the classification recipe"),
+        (["model.embedding_init=1.0"], r"model\.embedding_init would have no effect"),
+        (["task=absa", "model.mlp_hidden=[8]"], r"model\.mlp_hidden would have no effect"),
+        (["optim.momentum=0.9"], r"optim\.momentum would have no effect \(optimizer adam has no momentum term\)"),
+        (["optim.alpha=0.9", "optim.optimizer=sgd"], r"optim\.alpha would have no effect \(it is RMSprop's decay\)"),
+        (["optim.optimizer=sgd", "optim.eps=1e-6"], r"optim\.eps would have no effect \(SGD has no epsilon\)"),
+        (["optim.decay=0.3"], r"optim\.decay would have no effect \(it is the multiplier of the plateau/"),
+        (["optim.schedule=plateau", "optim.decay_start=2"], r"optim\.decay_start would have no effect"),
+        (["optim.min_lr=1e-5"], r"optim\.min_lr would have no effect \(the constant schedule does not decay\)"),
+        (["train.seeds=[1,2]", "train.seed=3"], r"train\.seed would have no effect \(train\.seeds lists the seeds\)"),
+        (
+            ["data.embeddings=v.txt", "data.embedding_dim=300"],
+            r"data\.embedding_dim would have no effect \(the vectors",
+        ),
+        (["task=absa", "data.dev=d.xml", "data.dev_seed=3"], r"data\.dev_seed would have no effect \(data\.dev gives"),
+    ],
+)
+def test_keys_that_would_have_no_effect_are_refused(overrides, message):
+    with pytest.raises(ConfigError, match=f"--set {message}.*: remove it$"):
+        load_config(None, overrides)
+
+
+def test_keys_without_effect_are_named_each_from_the_file_or_the_command_line(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("task: lm\nmodel: {pooler: max, dropout: 0.2}\ntrain: {batch_size: 64}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, ["optim.lr=0.1"])
+    assert str(err.value) == (
+        f"{path}: model.pooler would have no effect (the lm recipe does not use it); train.batch_size would have no "
+        "effect (a language model batches by data.batch_size): remove them"
+    )
+    path.write_text("task: lm\nmodel: {dropout: 0.2}\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml: --set optim\.momentum would have no effect \(optimizer adam"):
+        load_config(path, ["optim.momentum=0.5"])
+
+
+def test_an_override_may_switch_off_a_key_of_the_file(tmp_path):
+    """The file's keys are checked in the file's own config: a file's seed is its single-seed default."""
+    path = tmp_path / "c.yaml"
+    path.write_text("train: {seed: 3}\noptim: {optimizer: rmsprop, alpha: 0.9}\n")
+    config = load_config(path, ["train.seeds=[1,2]", "optim.optimizer=adam"])
+    assert config.train.seeds == [1, 2] and config.optim.optimizer == "adam"
+    with pytest.raises(ConfigError, match=r"--set train\.seed would have no effect"):
+        load_config(path, ["train.seeds=[1,2]", "train.seed=4"])
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["optim.optimizer=sgd", "optim.momentum=0.9"],
+        ["optim.optimizer=rmsprop", "optim.momentum=0.9", "optim.alpha=0.9", "optim.eps=1e-6"],
+        ["optim.schedule=step_after", "optim.decay_start=2", "optim.decay=0.3", "optim.min_lr=1e-5"],
+        ["optim.schedule=cosine", "optim.min_lr=1e-5"],
+        ["task=lm", "data.batch_size=64", "model.tie_weights=true", "model.embedding_init=1.0"],
+        ["train.seed=3", "model.pooler=max", "model.mlp_hidden=[8]", "data.embedding_dim=300"],
+        ["task=absa", "data.dev_seed=3", "data.dev_fraction=0.2", "model.pooler=max"],
+    ],
+)
+def test_keys_that_have_an_effect_pass(overrides):
+    config = load_config(None, overrides)
+    assert not {key.split("=")[0] for key in overrides} & inert_keys(config).keys()
+
+
+def test_a_run_config_stores_only_the_keys_that_have_an_effect():
+    config = load_config(None, ["task=lm", "train.seeds=[1,2]"])
+    stored = config_to_dict(config)
+    assert "batch_size" not in stored["train"] and "seed" not in stored["train"] and "pooler" not in stored["model"]
+    assert stored["data"]["batch_size"] == 20 and stored["train"]["seeds"] == [1, 2]

@@ -8,9 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from seqzoo.base import build_encoder
-from seqzoo.config import load_config
+from seqzoo.config import config_to_dict, load_config
 from seqzoo.seq2seq import build_seq2seq
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
@@ -24,8 +25,19 @@ def test_configs_are_found():
 def test_config_loads_and_builds(path):
     config = load_config(path)
     model, embedding_dim = config.model, config.data.embedding_dim
+    if getattr(config.data, "embeddings", None):
+        embedding_dim = 50  # the configs' vectors are GloVe 50d
     if config.task == "translation":
         built = build_seq2seq(model.encoder, 40, embedding_dim, **model.encoder_args)
     else:
         built = build_encoder(model.encoder, embedding_dim, **model.encoder_args)
     assert sum(p.numel() for p in built.parameters()) > 0
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_a_stored_run_config_loads_again_as_a_config(path, tmp_path):
+    """A run stores its resolved config without the keys that have no effect, so that it can start a new run."""
+    config = load_config(path)
+    stored = tmp_path / "config.yaml"
+    stored.write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
+    assert load_config(stored) == config
