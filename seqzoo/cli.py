@@ -155,8 +155,8 @@ def _predict(args: argparse.Namespace) -> int:
         if err.line is None or err.path is not None:
             raise
         raise DataError(err.message, source, numbered[err.line - 1][0]) from None
-    for (_, text), result in zip(numbered, results, strict=True):
-        print(json.dumps({"text": text, **result}, ensure_ascii=False))
+    for (line, text), result in zip(numbered, results, strict=True):  # blank lines have no record
+        print(json.dumps({"line": line, "text": text, **result}, ensure_ascii=False))
     return 0
 
 
@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     predict = sub.add_parser(
         "predict",
         help="classify or translate texts (one per line; aspect sentiment: sentence<TAB>aspect term) "
-        "with a trained run; JSON lines out",
+        "with a trained run; one JSON record per non-blank line, with its line number",
     )
     predict.add_argument("run_dir")
     predict.add_argument(

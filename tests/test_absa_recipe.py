@@ -121,7 +121,7 @@ def check_predict(run_dir, tmp_path, capsys):
     texts.write_text(f"{sentence}\t{aspects[0]}\n\n{sentence}\t{aspects[1]}\n")
     assert main(["predict", str(run_dir), "--input", str(texts)]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
-    assert [row["aspect"] for row in rows] == aspects
+    assert [(row["line"], row["aspect"]) for row in rows] == [(1, aspects[0]), (3, aspects[1])]
     task = load_task(run_dir, with_data=False)
     spans = [(sentence.index(a), sentence.index(a) + len(a)) for a in aspects]
     examples = [AspectExample("s", 0, sentence, a, *span, "neutral") for a, span in zip(aspects, spans, strict=True)]

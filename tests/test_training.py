@@ -74,10 +74,11 @@ def test_train_evaluate_predict_cli(toy_corpus, tmp_path, capsys, monkeypatch):
     evaluated = json.loads(out.splitlines()[0])
     assert evaluated["accuracy"] == pytest.approx(records[-1]["test_accuracy"])
     texts = tmp_path / "texts.txt"
-    texts.write_text("a superb lovely film\nawful boring plot\n")
+    texts.write_text("a superb lovely film\n\n  \nawful boring plot\n")
     assert main(["predict", str(run_dir), "--input", str(texts)]) == 0
     preds = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [p["label"] for p in preds] == ["pos", "neg"]
+    assert [(p["line"], p["label"]) for p in preds] == [(1, "pos"), (4, "neg")]  # blank lines: no record
+    preds = [{**p, "line": n} for n, p in enumerate(preds, 1)]  # the inputs below have no blank line
     assert sum(preds[0]["probabilities"].values()) == pytest.approx(1.0)
     for ending in ("\r\n", "\r"):  # Windows and old Mac line endings end lines too
         texts.write_bytes(f"a superb lovely film{ending}awful boring plot{ending}".encode())
