@@ -98,6 +98,31 @@ def test_evaluation_with_carried_state_equals_one_pass(corpus, tmp_path):
     assert task.model.training  # evaluation restores the mode
 
 
+@pytest.mark.parametrize("encoder", ["lstm", "qrnn"])
+@pytest.mark.parametrize("dropped", [0, 1, 2])
+def test_every_token_but_the_first_is_a_target(corpus, tmp_path, encoder, dropped):
+    """Row b of the evaluation streams is read from the zero state and goes on with the first token of
+    row b + 1; the last row with the N mod B tokens that batchify drops. So every token but the
+    split's first is predicted once, with the same context as reading that stretch alone."""
+    args = {"hidden_size": 16} if encoder == "lstm" else {"hidden_size": 16, "window": 2}
+    config = make_config(
+        corpus, tmp_path, data={"eval_batch_size": 3, "bptt": 5}, model={"encoder": encoder, "encoder_args": args}
+    )
+    task = LMTask(config, read_splits(config.data))
+    ids = task.ids["dev"]
+    ids = task.ids["dev"] = ids[: 3 * (ids.numel() // 3) + dropped]
+    width = ids.numel() // 3
+    stretches = [ids[: width + 1], ids[width : 2 * width + 1], ids[2 * width :]]  # row b + what follows it
+    task.model.eval()
+    with torch.no_grad():
+        expected = [F.cross_entropy(task.model(s[None, :-1])[0][0], s[1:], reduction="none") for s in stretches]
+    nll = task.token_nll("dev")
+    assert math.isnan(nll[0]) and not torch.isnan(nll[1:]).any()
+    assert torch.allclose(nll[1:], torch.cat(expected).double(), atol=1e-5)
+    result = task.evaluate("dev")
+    assert result["tokens"] == ids.numel() - 1 and result["loss"] == pytest.approx(nll[1:].mean().item())
+
+
 def test_metric_formulas_on_a_uniform_model(corpus, tmp_path):
     for level, metric in (("word", "ppl"), ("char", "bpc")):
         config = make_config(corpus, tmp_path, level=level)
@@ -110,7 +135,7 @@ def test_metric_formulas_on_a_uniform_model(corpus, tmp_path):
         n = task.ids["test"].numel()
         assert task.metric == metric
         assert result["loss"] == pytest.approx(math.log(size))
-        assert result["tokens"] == 3 * (n // 3 - 1)
+        assert result["tokens"] == n - 1  # every token but the first
         assert result[metric] == pytest.approx(size if metric == "ppl" else math.log2(size))
     text = (corpus / "test.txt").read_text()
     assert n == len(text)  # char level counts every character, newlines included

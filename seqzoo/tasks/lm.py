@@ -9,13 +9,14 @@ Training: each split is one contiguous stream cut into parallel rows by
 ``data.bptt`` windows, in order, with the encoder state carried from window to window and
 detached (truncated BPTT); the state is reset to zeros at the first window of every epoch.
 
-Metric protocol (TASKS.md "Metrics"): the split is batchified into ``data.eval_batch_size``
-rows and read in order with the state carried across windows, dropout off. Every token of a
-row but its first is a target (the last ``N mod rows`` tokens of the stream are dropped by
-batchify, so ``tokens`` = rows * (N // rows - 1)). ``loss`` is the mean NLL in nats over
-those targets; word level reports ``ppl`` = exp(loss) (``<eos>`` is a target like any word),
-char level reports ``bpc`` = loss / ln 2 (newlines are targets like any character). Lower is
-better for both.
+Metric protocol (TASKS.md "Metrics"): every token of the split but its first is a target
+(``tokens`` = N - 1), predicted with the state carried and dropout off. The split is batchified
+into ``data.eval_batch_size`` rows, each read in order from the zero state (the usual protocol,
+Zaremba et al. 2014); then the tokens that protocol leaves out, each row's first and the
+``N mod rows`` that batchify drops, are predicted as the continuation of the row before them,
+from its final state. ``loss`` is the mean NLL in nats over the targets; word level reports
+``ppl`` = exp(loss) (``<eos>`` is a target like any word), char level reports ``bpc`` =
+loss / ln 2 (newlines are targets like any character). Lower is better for both.
 """
 
 from __future__ import annotations
@@ -175,26 +176,35 @@ class LMTask:
 
     @torch.no_grad()
     def token_nll(self, split: str) -> Tensor:
-        """NLL (nats, float64) of every token of ``split``'s stream, (N,); NaN where not a target.
+        """NLL (nats, float64) of every token of ``split``'s stream, (N,); NaN at the first token.
 
         Computed as in the metric protocol (eval_batch_size rows, state carried, no dropout).
         """
         ids = self._split_ids(split)
         data: LMDataConfig = self.config.data
         streams = batchify(ids, min(data.eval_batch_size, ids.numel()))  # (B, W)
-        nll = torch.full(streams.shape, math.nan, dtype=torch.float64)
+        rows, width = streams.shape
+        nll = torch.full((ids.numel(),), math.nan, dtype=torch.float64)
+        within = nll[: streams.numel()].view(rows, width)  # the rows' own tokens
         was_training = self.model.training
         self.model.eval()
         state: State = None
-        starts = range(0, streams.shape[1] - 1, data.bptt)
+        starts = range(0, width - 1, data.bptt)
         for start, (x, y) in zip(starts, tbptt_batches(streams, data.bptt), strict=True):
             logits, state = self.model(x, state)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
-            nll[:, start + 1 : start + 1 + y.shape[1]] = loss.view(y.shape).double()
+            within[:, start + 1 : start + 1 + y.shape[1]] = _token_nll(logits, y)
+        # Row b goes on with the first token of row b + 1, the last row with the R < B tokens that
+        # batchify dropped (every row reads those; only the last row's predictions are kept).
+        rest = ids[streams.numel() :]  # (R,)
+        logits, state = self.model(streams[:, -1:], state)  # (B, 1, V): what follows each row
+        nll[width : streams.numel() : width] = _token_nll(logits[:-1], streams[1:, :1]).view(-1)
+        if rest.numel():
+            nll[streams.numel()] = _token_nll(logits[-1:], rest[:1].view(1, 1)).item()
+        if rest.numel() > 1:
+            logits, _ = self.model(rest[:-1].expand(rows, -1), state)  # (B, R - 1, V)
+            nll[streams.numel() + 1 :] = _token_nll(logits[-1:], rest[1:].view(1, -1)).view(-1)
         self.model.train(was_training)
-        out = torch.full((ids.numel(),), math.nan, dtype=torch.float64)
-        out[: streams.numel()] = nll.reshape(-1)
-        return out
+        return nll
 
     def evaluate(self, split: str) -> dict[str, float]:
         """``loss`` (nats/token), ``ppl`` or ``bpc``, and the number of target ``tokens``."""
@@ -211,6 +221,12 @@ class LMTask:
 
     def documents(self) -> dict[str, Any]:
         return {"vocab.json": self.vocab.to_dict(), "lm.json": {"level": self.level}}
+
+
+def _token_nll(logits: Tensor, targets: Tensor) -> Tensor:
+    """NLL (nats, float64) of ``targets`` (B, T) under ``logits`` (B, T, V), (B, T)."""
+    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+    return nll.view(targets.shape).double()
 
 
 def _as_tuples(state: Any) -> State:
