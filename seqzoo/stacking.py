@@ -68,6 +68,11 @@ class DenseStack(Encoder):
                 inputs = torch.cat([inputs, self.dropout(h)], -1)
         return h, tuple(finals)
 
+    def auxiliary_loss(self) -> Tensor | None:
+        """The sum of the layers' regularisers from the last forward pass (None if no layer has one)."""
+        losses = [loss for layer in self.layers if (loss := layer.auxiliary_loss()) is not None]
+        return torch.stack(losses).sum() if losses else None
+
 
 @register_encoder("dense_lstm")
 class DenseLSTM(DenseStack):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import seqzoo.mzu
 import seqzoo.qrnn  # noqa: F401  (registers "qrnn")
 from seqzoo.base import build_encoder
 from seqzoo.stacking import DenseStack
@@ -35,3 +36,14 @@ def test_dense_qrnn_stack_equals_the_qrnn_dense_option():
     x, mask = torch.randn(3, 6, 5), torch.arange(6) < torch.tensor([6, 2, 4]).unsqueeze(1)
     assert torch.allclose(stack(x, mask)[0], qrnn(x, mask)[0], atol=1e-6)
     assert_contract(stack)
+
+
+def test_a_dense_stack_adds_up_its_layers_regularisers():
+    torch.manual_seed(0)
+    stack = DenseStack("mzu", 6, 8, num_layers=2, num_zones=2, disagreement=0.5)
+    x, mask = torch.randn(3, 5, 6), torch.arange(5) < torch.tensor([5, 2, 4]).unsqueeze(1)
+    stack(x, mask)
+    each = [layer.auxiliary_loss() for layer in stack.layers]
+    assert all(loss is not None for loss in each)
+    assert torch.allclose(stack.auxiliary_loss(), each[0] + each[1])
+    assert build_encoder("dense_lstm", 6, hidden_size=4).auxiliary_loss() is None
