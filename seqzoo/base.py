@@ -41,6 +41,7 @@ __all__ = [
     "build_encoder",
     "check_arguments",
     "check_mask",
+    "check_padding_mask",
     "check_rate",
     "describe_state",
     "detach_state",
@@ -57,6 +58,8 @@ class Encoder(nn.Module):
     causal: bool = True
     #: True when ``final_state`` can be fed back to continue the sequence chunk by chunk.
     stateful: bool = True
+    #: Attributes that ``repr`` shows after the sizes (each encoder names its own hyperparameters).
+    repr_fields: tuple[str, ...] = ()
 
     def __init__(self, input_size: int, hidden_size: int, *, bidirectional: bool = False) -> None:
         super().__init__()
@@ -80,6 +83,10 @@ class Encoder(nn.Module):
     def forward(self, x: Tensor, mask: Tensor | None = None, state: State = None) -> tuple[Tensor, State]:
         raise NotImplementedError
 
+    def extra_repr(self) -> str:
+        fields = [f"{name}={getattr(self, name)!r}" for name in (*self.repr_fields, "bidirectional")]
+        return ", ".join([f"{self.input_size}, {self.hidden_size}", *fields])
+
     def check_input(self, x: Tensor, mask: Tensor | None) -> Tensor:
         """Validate ``x`` (B, T, input_size) and ``mask`` (see :func:`check_mask`); returns the mask."""
         mask = check_mask(x, mask)
@@ -97,17 +104,23 @@ class Encoder(nn.Module):
 def check_mask(x: Tensor, mask: Tensor | None) -> Tensor:
     """Validate ``mask`` against ``x`` (B, T, D) and return it; None becomes all-True."""
     if x.dim() != 3:
-        raise ValueError(f"encoder input must be (batch, time, features), got shape {tuple(x.shape)}")
+        raise ValueError(f"input must be (batch, time, features), got shape {tuple(x.shape)}")
     batch, time = x.shape[:2]
     if batch == 0 or time == 0:
-        raise ValueError(f"encoder input is empty: shape {tuple(x.shape)}")
+        raise ValueError(f"input is empty: shape {tuple(x.shape)}")
     if mask is None:
         return torch.ones(batch, time, dtype=torch.bool, device=x.device)
-    if mask.dtype != torch.bool:
-        raise TypeError(f"mask must be a bool tensor (True = real token), got {mask.dtype}")
-    if tuple(mask.shape) != (batch, time):
-        raise ValueError(f"mask shape {tuple(mask.shape)} does not match input (batch, time) = {(batch, time)}")
-    if time > 1 and bool((mask[:, 1:] & ~mask[:, :-1]).any()):
+    return check_padding_mask(mask, (batch, time))
+
+
+def check_padding_mask(mask: Tensor, shape: tuple[int, int]) -> Tensor:
+    """``mask`` if it is a right-padded bool (B, T) tensor of ``shape`` (True = real token), else an error."""
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
+        raise TypeError(f"mask must be a bool tensor (True = real token), got {got}")
+    if tuple(mask.shape) != tuple(shape):
+        raise ValueError(f"mask shape {tuple(mask.shape)} does not match input (batch, time) = {tuple(shape)}")
+    if shape[1] > 1 and bool((mask[:, 1:] & ~mask[:, :-1]).any()):
         raise ValueError("mask must be right-padded: each row a run of True followed by False")
     return mask
 
@@ -142,11 +155,14 @@ def reverse_padded(x: Tensor, lengths: Tensor, *, time_dim: int) -> Tensor:
 
 
 def describe_state(state: object) -> str:
-    """A state's shapes as given, for error messages: ``(1, 3, 6)`` or ``((1, 3, 6), (1, 3, 6))``."""
+    """A state's shapes as given, for error messages: ``(1, 3, 6)``, ``((1, 3, 6), (1, 3, 6))``, or
+    ``[(1, 3, 6), (1, 3, 6)]`` for a list."""
     if isinstance(state, Tensor):
         return str(tuple(state.shape))
-    if isinstance(state, (tuple, list)):
+    if isinstance(state, tuple):
         return "(" + ", ".join(describe_state(s) for s in state) + ")"
+    if isinstance(state, list):
+        return "[" + ", ".join(describe_state(s) for s in state) + "]"
     return type(state).__name__
 
 

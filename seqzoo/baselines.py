@@ -40,6 +40,7 @@ class _TorchRNN(Encoder):
     """Shared wrapper around ``nn.LSTM`` / ``nn.GRU`` (batch first; padded batches see the module docstring)."""
 
     rnn_class: type[nn.RNNBase]
+    repr_fields = ("num_layers",)
 
     def __init__(
         self,
@@ -65,12 +66,14 @@ class _TorchRNN(Encoder):
 
     def forward(self, x: Tensor, mask: Tensor | None = None, state: State = None) -> tuple[Tensor, State]:
         mask = self.check_input(x, mask)
+        state = tuple(state) if isinstance(state, list) else state  # [h, c] as the other encoders take it
         self._check_state(state, x.shape[0])
-        if bool(mask.all()):
+        tracing = torch.jit.is_tracing()  # a trace must record the path that serves every mask
+        if not tracing and bool(mask.all()):
             return self.rnn(x, state)
         lengths = lengths_from_mask(mask)
         self.rnn.check_input(x, None)  # torch's own dtype error, for both paths (packing hides it)
-        if self._run_unpacked(x, lengths, state):  # pads are zeroed: NaN * 0 would stay NaN
+        if not tracing and self._run_unpacked(x, lengths, state):  # pads are zeroed: NaN * 0 would stay NaN
             out, final = self._unpacked(x.masked_fill(~mask.unsqueeze(-1), 0.0), lengths, state)
         else:  # rows without any real token are run for one (zeroed) step, then restored below
             packed = pack_padded_sequence(x, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False)
@@ -78,7 +81,7 @@ class _TorchRNN(Encoder):
             out, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
         out = out * mask.unsqueeze(-1).to(out.dtype)
         empty = lengths == 0
-        if bool(empty.any()):
+        if tracing or bool(empty.any()):
             final = _keep_initial(final, state, empty)
         return out, final
 
@@ -230,6 +233,8 @@ class TransformerEncoder(Encoder):
     """
 
     stateful = False
+
+    repr_fields = ("causal",)
 
     def __init__(
         self,

@@ -57,6 +57,9 @@ class GRUCell(nn.Module):
         self.gate_gain = nn.Parameter(torch.ones(self.num_gates, hidden_size)) if layer_norm else None
         self.dropout = nn.Dropout(check_rate("dropout", dropout))
 
+    def extra_repr(self) -> str:
+        return f"{self.hidden_size}, layer_norm={self.gate_gain is not None}, linear_gate={self.linear_gate}"
+
     def forward(self, x_part: Tensor | None, h: Tensor) -> Tensor:
         """``x_part = x_proj(x)`` (B, x_width) or None for a T-GRU; ``h`` (B, H) -> ``h_t`` (B, H)."""
         candidate, u = self.candidate_and_gate(x_part, h)

@@ -210,7 +210,9 @@ class MFunction(nn.Module):
             self.capsule_weight = nn.Linear(zone, capsules * out_size, bias=False)  # W^c (J, d_z, d_o)
             self.routing_iters = routing_iters
         self.out_zones = out_zones
-        filter_size = filter_size or hidden_size
+        if filter_size is not None and filter_size < 1:
+            raise ValueError(f"filter_size must be >= 1 (None: hidden_size), got {filter_size}")
+        filter_size = hidden_size if filter_size is None else filter_size
         self.ffn = nn.Sequential(nn.Linear(out_size, filter_size), nn.ReLU(), nn.Linear(filter_size, out_size))
         self.out = nn.Linear(out_zones * out_size, hidden_size)
         self.norm = nn.LayerNorm(hidden_size, eps=1e-6) if layer_norm else nn.Identity()
@@ -232,6 +234,12 @@ class MFunction(nn.Module):
         if self.composition == "gcn":
             return graph_conv_zones(zones, weight, self.activation)
         return capsule_routing(zones, weight, self.out_zones, self.routing_iters)
+
+    def extra_repr(self) -> str:
+        routing = (
+            f", capsules={self.out_zones}, routing_iters={self.routing_iters}" if self.composition == "cap" else ""
+        )
+        return f"composition={self.composition!r}, num_zones={self.num_zones}{routing}"
 
     def head(self, zones: Tensor) -> Tensor:
         """Everything after zone generation: (B, N·d_z) flat zones -> (B, H)."""
@@ -421,6 +429,9 @@ class MZUCell(nn.Module):
             + [MZUTransition(0, hidden_size, **transition_kwargs) for _ in range(own_depths)]
         )
 
+    def extra_repr(self) -> str:
+        return f"transition_depth={self.transition_depth}, share_transition={self.share_transition}"
+
     def _index(self, depth: int) -> int:
         return 0 if self.share_transition else depth
 
@@ -489,6 +500,8 @@ class MZU(RecurrentCellEncoder):
     State: ``h`` (num_layers * directions, B, H). :meth:`auxiliary_loss` returns ``−λ·D``
     (module docstring) from the last forward pass, None when λ = 0 or every M is ablated.
     """
+
+    repr_fields = ("num_layers", "disagreement")
 
     def __init__(
         self,

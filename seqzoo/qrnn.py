@@ -130,6 +130,8 @@ class QRNN(Encoder):
     Input (B, T, input_size); output (B, T, hidden_size * directions).
     """
 
+    repr_fields = ("num_layers", "dense", "causal")
+
     def __init__(
         self,
         input_size: int,

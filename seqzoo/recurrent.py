@@ -97,6 +97,8 @@ class RecurrentCellEncoder(Encoder):
     run the cells' steps through ``torch.compile`` (module docstring).
     """
 
+    repr_fields = ("num_layers",)
+
     def __init__(
         self,
         input_size: int,
@@ -134,7 +136,7 @@ class RecurrentCellEncoder(Encoder):
         elif not isinstance(state, Tensor) or tuple(state.shape) != shape:
             raise ValueError(f"state must be a tensor of shape {shape}, got {describe_state(state)}")
         steps = mask.t()  # (T, B)
-        full = bool(mask.all())
+        full = not torch.jit.is_tracing() and bool(mask.all())  # a trace records the padded path, right for every mask
         lengths = lengths_from_mask(mask)
         layer_input = x.transpose(0, 1)  # (T, B, D): every step's slice is contiguous after prepare
         finals: list[Tensor] = []

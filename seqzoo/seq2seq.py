@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqzoo.base import check_arguments, check_rate, lengths_from_mask, reverse_padded
+from seqzoo.base import check_arguments, check_padding_mask, check_rate, lengths_from_mask, reverse_padded
 from seqzoo.baselines import LSTM
 from seqzoo.kernels import qrnn_pool, window_linear
 from seqzoo.qrnn import QRNNLayer, last_inputs
@@ -138,7 +138,7 @@ class Seq2Seq(nn.Module):
 
     def embed_source(self, src: Tensor, src_mask: Tensor) -> tuple[Tensor, Tensor]:
         """The reversed source's embeddings (B, S, E) after dropout, and the row lengths (B,)."""
-        lengths = lengths_from_mask(src_mask)
+        lengths = lengths_from_mask(check_padding_mask(src_mask, src.shape))
         if int(lengths.min()) < 1:
             raise ValueError("every source row needs at least one real token")
         return self.dropout(self.embedding(reverse_padded(src, lengths, time_dim=1))), lengths
@@ -163,7 +163,7 @@ class QRNNSeq2Seq(Seq2Seq):
     """QRNN encoder–decoder with attention (see the module docstring).
 
     ``encoder_window`` / ``decoder_window``: one filter width for all layers or one per layer
-    (the paper's translation model: 6 for the first encoder layer, 2 elsewhere). ``dropout``
+    (the paper's translation model, the default: 6 for the first encoder layer, 2 elsewhere). ``dropout``
     applies to embeddings and between layers (the paper uses none for translation). ``enc_state``
     is the encoder state the decoder reads: ``"h"`` (the paper) or ``"c"`` (the authors' code).
     """
@@ -174,7 +174,7 @@ class QRNNSeq2Seq(Seq2Seq):
         embedding_dim: int,
         hidden_size: int,
         num_layers: int = 4,
-        encoder_window: int | Sequence[int] = (6, 2, 2, 2),
+        encoder_window: int | Sequence[int] | None = None,
         decoder_window: int | Sequence[int] = 2,
         dropout: float = 0.0,
         pad_id: int = 0,
@@ -195,6 +195,7 @@ class QRNNSeq2Seq(Seq2Seq):
         self.hidden_size, self.num_layers, self.enc_state = hidden_size, num_layers, enc_state
         self.embedding = nn.Embedding(vocab_size, embedding_dim, padding_idx=pad_id)
         sizes = [embedding_dim] + [hidden_size] * (num_layers - 1)
+        encoder_window = [6] + [2] * (num_layers - 1) if encoder_window is None else encoder_window
         self.encoder = nn.ModuleList(
             QRNNLayer(n, hidden_size, k, "fo", causal=False)
             for n, k in zip(sizes, per_layer(encoder_window), strict=True)
@@ -224,7 +225,9 @@ class QRNNSeq2Seq(Seq2Seq):
     def decode(
         self, tgt: Tensor, encoded: EncoderOutput, tgt_mask: Tensor | None = None, state: DecoderState | None = None
     ) -> tuple[Tensor, DecoderState]:
-        mask = tgt_mask if tgt_mask is not None else torch.ones_like(tgt, dtype=torch.bool)
+        mask = (
+            check_padding_mask(tgt_mask, tgt.shape) if tgt_mask is not None else torch.ones_like(tgt, dtype=torch.bool)
+        )
         lengths = lengths_from_mask(mask)
         x = self.dropout(self.embedding(tgt))  # (B, T, E)
         states = state if state is not None else [None] * self.num_layers

@@ -1,4 +1,5 @@
 import re
+import warnings
 
 import pytest
 import torch
@@ -185,6 +186,8 @@ def test_mask_validation_messages():
     x = torch.randn(2, 4, 3)
     with pytest.raises(TypeError, match="bool"):
         enc(x, torch.ones(2, 4))
+    with pytest.raises(TypeError, match=r"mask must be a bool tensor .*, got list"):
+        enc(x, [[True] * 4] * 2)
     with pytest.raises(ValueError, match="right-padded"):
         enc(x, torch.tensor([[False, True, True, True]] * 2))
     with pytest.raises(ValueError, match="unknown encoder"):
@@ -249,6 +252,20 @@ def test_a_state_of_another_batch_or_layout_is_refused(name, lengths):
         enc(x, mask, wrong_layout)
 
 
+@pytest.mark.parametrize("name", ["lstm", "dense_lstm"])
+def test_an_lstm_state_may_be_a_list(name):
+    """[h, c] is taken as (h, c), as the other encoders take lists (it used to be refused with an
+    error that printed the right shapes)."""
+    enc = build_encoder(name, 6, hidden_size=4, **ALL_ENCODERS[name]).eval()
+    x, mask = torch.randn(2, 5, 6), torch.arange(5) < torch.tensor([5, 3]).unsqueeze(1)
+    _, state = enc(x, mask)
+    listed = list(state) if name == "lstm" else [list(layer) for layer in state]
+    torch.testing.assert_close(enc(x, mask, listed), enc(x, mask, state))
+    bidirectional = build_encoder("lstm", 6, hidden_size=4, bidirectional=True)
+    with pytest.raises(ValueError, match=r"each of shape \(2, 2, 4\), got \(\(1, 2, 4\), \(1, 2, 4\)\)"):
+        bidirectional(x, mask, listed if name == "lstm" else listed[0])
+
+
 @needs_cxx
 @pytest.mark.parametrize("name", ["lstm", "gru", "qrnn"])
 def test_torch_compile_equals_eager_on_a_padded_batch(name, single_thread):
@@ -297,3 +314,71 @@ def test_poolers_ignore_padding(name):
     torch.testing.assert_close(a, b)
     alone = pool(out[:1, :3], mask[:1, :3])
     torch.testing.assert_close(a[:1], alone)
+
+
+@pytest.mark.parametrize("name", ["last", "mean", "max", "meanmax", "attention"])
+def test_poolers_check_their_inputs_as_the_encoders_do(name):
+    pool = build_pooler(name, 6, bidirectional=True)
+    out, mask = torch.randn(2, 5, 6), torch.tensor([[True] * 3 + [False] * 2, [True] * 5])
+    torch.testing.assert_close(pool(out), pool(out, torch.ones(2, 5, dtype=torch.bool)))  # None: all real
+    with pytest.raises(
+        TypeError, match=r"mask must be a bool tensor \(True = real token\), got torch\.(int64|float32)"
+    ):
+        pool(out, mask.long() if name != "max" else mask.float())
+    with pytest.raises(ValueError, match=r"mask shape \(2, 4\) does not match input \(batch, time\) = \(2, 5\)"):
+        pool(out, mask[:, :-1])
+    with pytest.raises(ValueError, match="right-padded"):
+        pool(out, mask.flip(1))
+    with pytest.raises(ValueError, match="pooler input has 4 features, its input_size is 6"):
+        pool(out[..., :4], mask)
+
+
+def test_a_bidirectional_last_pooler_needs_an_even_size():
+    with pytest.raises(ValueError, match="even size, got input_size 15"):
+        build_pooler("last", 15, bidirectional=True)
+    assert "bidirectional=True" in repr(build_pooler("last", 16, bidirectional=True))
+
+
+TRACEABLE = {
+    "lstm": {},
+    "lstm_bi": {"bidirectional": True},
+    "gru": {"num_layers": 2},
+    "qrnn": {"window": 2},
+    "qrnn_bi": {"window": 2, "bidirectional": True},
+    "mzu": {"num_zones": 2},
+    "dtgru": {},
+    "gru_ln": {},
+    "dense_lstm": {"num_layers": 2},
+}
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
+@pytest.mark.parametrize("name", TRACEABLE)
+def test_a_jit_trace_serves_every_mask(name, grad):
+    """Under torch.jit.trace the encoders record their general padded path, so a trace made on an
+    all-real example (or under autograd, where the LSTM would run unpacked per length) gives the
+    eager outputs and states for any mask (it used to freeze the example's path: padding ignored)."""
+    torch.manual_seed(0)
+    kwargs = dict(TRACEABLE[name])
+    bidirectional = kwargs.pop("bidirectional", False)
+    enc = build_encoder(name.removesuffix("_bi"), 6, hidden_size=4, bidirectional=bidirectional, **kwargs).eval()
+    x = torch.randn(3, 5, 6)
+    with torch.enable_grad() if grad else torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's TracerWarnings and the deprecation of trace itself
+        traced = torch.jit.trace(enc, (x, torch.ones(3, 5, dtype=torch.bool)), check_trace=False)
+    for lengths in ([5, 3, 1], [2, 5, 4], [5, 5, 5]):
+        other, mask = torch.randn(3, 5, 6), torch.arange(5) < torch.tensor(lengths).unsqueeze(1)
+        with torch.no_grad():
+            torch.testing.assert_close(traced(other, mask), enc(other, mask))
+
+
+def test_repr_shows_the_hyperparameters():
+    for name, kwargs in ALL_ENCODERS.items():
+        both = name != "transformer"  # which attends both ways unless causal, with no bidirectional option
+        first = repr(build_encoder(name, 6, hidden_size=4, bidirectional=both, **kwargs)).splitlines()[1].strip()
+        assert first.startswith("6, 4, ") and first.endswith(f"bidirectional={both}"), (name, first)
+    mzu = repr(build_encoder("mzu", 6, hidden_size=8, composition="cap", transition_depth=1, disagreement=0.5))
+    for part in ("disagreement=0.5", "transition_depth=1, share_transition=False", "composition='cap', num_zones=4"):
+        assert part in mzu, part
+    assert "num_layers=2, dense=True" in repr(build_encoder("qrnn", 6, hidden_size=4, num_layers=2, dense=True))
+    assert "layer_norm=True, linear_gate=False" in repr(build_encoder("gru_ln", 6, hidden_size=4))

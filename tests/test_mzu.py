@@ -125,6 +125,9 @@ def test_invalid_configurations():
         MZU(3, 8, composition="rnn")
     with pytest.raises(ValueError, match="capsules"):
         MZU(3, 8, composition="cap", capsules=3)
+    for size in (0, -3):  # 0 used to mean hidden_size silently
+        with pytest.raises(ValueError, match=rf"filter_size must be >= 1 \(None: hidden_size\), got {size}"):
+            MZU(3, 8, filter_size=size)
 
 
 def test_ablations_replace_the_m_functions():

@@ -121,6 +121,17 @@ def test_triton_interpreter_matches_reference(interpreted_triton, pooling, zoneo
     _assert_matches_reference(interpreted_triton, pooling, zoneout, reverse)
 
 
+def test_triton_double_backward_goes_through_the_reference(interpreted_triton):
+    gates, lengths, c0, kwargs = _inputs("fo", "train", shape=(3, 5, 4))
+    results = []
+    for fn in (interpreted_triton, qrnn_pool_reference):
+        h, c = fn(gates, lengths, c0, **kwargs)
+        dgates, dc0 = torch.autograd.grad(h.square().sum() + c.sum(), (gates, c0), create_graph=True)
+        results.append(torch.autograd.grad(dgates.square().sum() + dc0.square().sum(), (gates, c0)))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("pooling", list(POOLINGS))
@@ -179,6 +190,37 @@ def test_gradcheck_compiled_layer_float64(window):
     for reverse in (False, True):
         layer = functools.partial(qrnn_layer, lengths=lengths, keep=keep, reverse=reverse)
         assert torch.autograd.gradcheck(lambda x, w, b, c, f=layer: f(x, w, b, c0=c), (x_pad, weight, bias, c0))
+
+
+@needs_compiled
+@pytest.mark.parametrize(("pooling", "reverse"), [("fo", False), ("ifo", True), ("f", False)])
+def test_double_backward_through_the_compiled_kernels(pooling, reverse):
+    """Under create_graph=True the fused backward returns the reference's gradients with their own
+    graph, so gradients of gradients are right (they used to come out None or zero, silently)."""
+    gates, lengths, c0, kwargs = _inputs(pooling, "train", torch.float64, shape=(3, 5, 4))
+    pool = functools.partial(qrnn_pool_compiled, lengths=lengths, reverse=reverse, **kwargs)
+    assert torch.autograd.gradgradcheck(lambda g, c: pool(g, c0=c), (gates, c0))
+    (x_pad, weight, bias, c0), lengths = _layer_inputs(2, pooling, torch.float64, shape=(3, 4, 3, 2))
+    layer = functools.partial(qrnn_layer, lengths=lengths, pooling=pooling, reverse=reverse)
+    assert torch.autograd.gradgradcheck(lambda x, w, b, c: layer(x, w, b, c0=c), (x_pad, weight, bias, c0))
+
+
+def test_gradient_penalty_of_a_qrnn_equals_the_reference(monkeypatch):
+    """A penalty on the input gradient (WGAN-GP style) trains the same on either backend."""
+    from seqzoo.qrnn import QRNN
+
+    torch.manual_seed(0)
+    encoder = QRNN(3, 4, num_layers=2, window=2).double()
+    x = torch.randn(2, 5, 3, dtype=torch.float64, requires_grad=True)
+    mask = torch.arange(5) < torch.tensor([5, 3]).unsqueeze(1)
+    results = []
+    for backend in ("auto", "reference"):
+        monkeypatch.setenv("SEQZOO_QRNN_BACKEND", backend)
+        (dx,) = torch.autograd.grad(encoder(x, mask)[0].square().sum(), x, create_graph=True)
+        results.append(torch.autograd.grad(dx.square().sum(), (x, *encoder.parameters())))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b)
+    assert results[0][0].abs().sum() > 0
 
 
 @needs_compiled

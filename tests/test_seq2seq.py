@@ -84,6 +84,29 @@ def test_padded_pair_equals_the_pair_alone(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_source_and_target_masks_are_checked(kind):
+    model = _model(kind=kind)
+    src, src_mask = pad_batch([[4, 5, 6], [9, 10]])
+    tgt, tgt_mask = pad_batch([[BOS, 4, 5], [BOS, 6]])
+    for bad, error, message in (
+        (src_mask.flip(1), ValueError, "right-padded"),  # left padding gave other logits, silently
+        (src_mask.long(), TypeError, r"mask must be a bool tensor \(True = real token\), got torch\.int64"),
+        (src_mask[:, :2], ValueError, r"mask shape \(2, 2\) does not match input \(batch, time\) = \(2, 3\)"),
+    ):
+        with pytest.raises(error, match=message):
+            model(src, bad, tgt, tgt_mask)
+        with pytest.raises(error, match=message):
+            model(src, src_mask, tgt, bad)
+
+
+def test_the_default_encoder_windows_fit_any_depth():
+    """The paper's widths, 6 for the first encoder layer and 2 for the others, at any num_layers."""
+    for layers in (1, 2, 4):
+        model = QRNNSeq2Seq(12, 6, 5, num_layers=layers)
+        assert [layer.window for layer in model.encoder] == [6] + [2] * (layers - 1)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_stepwise_decoding_equals_whole_prefix(kind):
     model = _model(kind=kind)
     src, src_mask = pad_batch([[4, 5, 6, 7], [9, 10, 11]])

@@ -18,13 +18,14 @@ Backends: ``"compiled"`` (C kernel built at install time, loaded with ctypes; fl
 CPU), ``"triton"`` (CUDA tensors) and ``"reference"``. Both fast paths fuse the activations,
 zoneout and the recurrence in one pass forward and a reverse-time pass backward (the compiled
 backward reads the activations its forward left in the gate buffer, recomputes the cell states
-from them in cache, and writes d(gates) in place). When a fast path cannot run, :func:`qrnn_pool`
-warns and uses the reference; setting the environment variable ``SEQZOO_QRNN_BACKEND=reference``
-selects the reference on purpose. :func:`qrnn_layer` runs a whole layer direction (convolution and
-pooling), fused the same way on the compiled backend. Under ``torch.compile`` both entry points
-run eagerly on every backend (``torch.compiler.disable``, a graph break): dynamo cannot trace a
-ctypes call, the fused kernels leave nothing for inductor to fuse, and the reference's loop over
-time would only unroll into a graph as long as the sequence.
+from them in cache, and writes d(gates) in place). A backward that must itself be differentiable
+(``create_graph=True``) differentiates the reference instead (:func:`reference_gradients`). When a
+fast path cannot run, :func:`qrnn_pool` warns and uses the reference; setting the environment
+variable ``SEQZOO_QRNN_BACKEND=reference`` selects the reference on purpose. :func:`qrnn_layer` runs
+a whole layer direction (convolution and pooling), fused the same way on the compiled backend. Under
+``torch.compile`` both entry points run eagerly on every backend (``torch.compiler.disable``, a
+graph break): dynamo cannot trace a ctypes call, the fused kernels leave nothing for inductor to
+fuse, and the reference's loop over time would only unroll into a graph as long as the sequence.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 from torch.nn import functional as F
 
 __all__ = ["POOLINGS", "pool_backend", "qrnn_layer", "qrnn_pool", "qrnn_pool_compiled", "qrnn_pool_reference"]
@@ -74,7 +74,7 @@ def qrnn_pool_reference(
             i = i * scale
     new = i * z if i is not None else torch.addcmul(z, f, z, value=-1)  # i z, or (1 - f) z
     real = (torch.arange(time, device=gates.device) < lengths.unsqueeze(1)).unsqueeze(-1)  # (B, T, 1)
-    padded = not bool(real.all())
+    padded = torch.jit.is_tracing() or not bool(real.all())  # a trace records the masked path, right for every mask
     if padded:
         f, new = f.masked_fill(~real, 1.0), new.masked_fill(~real, 0.0)  # pads keep the state
     c = gates.new_zeros(batch, hidden) if c0 is None else c0
@@ -171,6 +171,11 @@ class _Kernel:
         return dbias[0], dc0
 
 
+def _pool_kwargs(kernel: _Kernel) -> dict:
+    """The keyword arguments of :func:`qrnn_pool_reference` for ``kernel``'s problem."""
+    return {"pooling": kernel.pooling, "keep": kernel.keep, "keep_prob": kernel.keep_prob, "reverse": kernel.reverse}
+
+
 def _unspent_kernel(ctx, gates: Callable[[], Tensor]) -> _Kernel:
     """``ctx.kernel`` for a backward; the first spends its buffer, so later ones (``retain_graph``)
     get a kernel on a rebuilt one (``gates()``, then the forward again for the activations)."""
@@ -182,8 +187,29 @@ def _unspent_kernel(ctx, gates: Callable[[], Tensor]) -> _Kernel:
     return kernel
 
 
+def reference_gradients(
+    recompute: Callable[..., tuple[Tensor, Tensor]],
+    inputs: tuple[Tensor | None, ...],
+    needs: tuple[bool, ...],
+    grads: tuple[Tensor | None, Tensor | None],
+) -> tuple[Tensor | None, ...]:
+    """The gradients, for ``grads`` = (dh, dc_last), of ``recompute(*inputs)`` -> (h, c_last) with
+    respect to the ``inputs`` that ``needs``, computed by autograd through the reference with a
+    graph of their own. A fused kernel's backward returns these under ``create_graph=True``
+    (double backward: gradient penalties, ``gradgradcheck``), which autograd could not
+    differentiate through the kernel."""
+    wanted = [t for t, need in zip(inputs, needs, strict=True) if need and t is not None]
+    pairs = [(out, grad) for out, grad in zip(recompute(*inputs), grads, strict=True) if grad is not None]
+    found = torch.autograd.grad(
+        [out for out, _ in pairs], wanted, [grad for _, grad in pairs], create_graph=True, allow_unused=True
+    )
+    found = iter(found if pairs else [None] * len(wanted))
+    return tuple(next(found) if need and t is not None else None for t, need in zip(inputs, needs, strict=True))
+
+
 class _CompiledPool(torch.autograd.Function):
-    """Fused pooling forward and backward through the C kernel."""
+    """Fused pooling forward and backward through the C kernel (through the reference when the
+    backward itself must be differentiable)."""
 
     @staticmethod
     def forward(ctx, gates, lengths, c0, keep, keep_prob, pooling, reverse):
@@ -194,13 +220,21 @@ class _CompiledPool(torch.autograd.Function):
         h, c_last = ctx.kernel.forward(training)
         ctx.gates_spent = False
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None (the kernel reads zeros)
-        ctx.save_for_backward(gates)
+        ctx.save_for_backward(gates, c0)
         return h, c_last
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dh, dc_last):
-        (gates,) = ctx.saved_tensors
+        gates, c0 = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True
+
+            def recompute(gates: Tensor, c0: Tensor | None) -> tuple[Tensor, Tensor]:
+                return qrnn_pool_reference(gates, ctx.kernel.lengths, c0, **_pool_kwargs(ctx.kernel))
+
+            dgates, dc0 = reference_gradients(
+                recompute, (gates, c0), (ctx.needs_input_grad[0], ctx.needs_input_grad[2]), (dh, dc_last)
+            )
+            return dgates, None, dc0, None, None, None, None
         kernel = _unspent_kernel(ctx, gates.clone)
         _, dc0 = kernel.backward(dh, dc_last)
         return kernel.gates, None, dc0 if ctx.needs_input_grad[2] else None, None, None, None, None
@@ -265,13 +299,26 @@ class _CompiledLayer(torch.autograd.Function):
         h, c_last = kernel.forward(training=True)
         ctx.kernel, ctx.gates_spent = kernel, False
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None (the kernel reads zeros)
-        ctx.save_for_backward(x_pad, weight)
+        ctx.save_for_backward(x_pad, weight, bias, c0)
         return h, c_last
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dh, dc_last):
-        x_pad, weight = ctx.saved_tensors
+        x_pad, weight, bias, c0 = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        if torch.is_grad_enabled():  # create_graph=True
+            batch, time, hidden = ctx.kernel.shape
+
+            def recompute(
+                x_pad: Tensor, weight: Tensor, bias: Tensor | None, c0: Tensor | None
+            ) -> tuple[Tensor, Tensor]:
+                gates = window_linear(x_pad, weight, bias).view(batch, time, -1, hidden)  # (B, T, G, H)
+                return qrnn_pool_reference(gates, ctx.kernel.lengths, c0, **_pool_kwargs(ctx.kernel))
+
+            dx, dw, dbias, dc0 = reference_gradients(
+                recompute, (x_pad, weight, bias, c0), (needs[0], needs[1], needs[2], needs[4]), (dh, dc_last)
+            )
+            return dx, dw, dbias, None, dc0, None, None, None, None
         kernel = _unspent_kernel(ctx, lambda: _convolve(x_pad, weight))
         dbias, dc0 = kernel.backward(dh, dc_last)
         dgates = kernel.gates  # (rows, G*H), overwritten in place
@@ -290,7 +337,6 @@ class _CompiledLayer(torch.autograd.Function):
             for j, block in enumerate(dw.split(x_pad.shape[-1])):
                 torch.mm(rows[j : j + count].t(), dgates, out=block)
             dw = dw.t()
-        needs = ctx.needs_input_grad
         return dx, dw, dbias if needs[2] else None, None, dc0 if needs[4] else None, None, None, None, None
 
 

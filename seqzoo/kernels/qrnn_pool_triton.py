@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from seqzoo.kernels.qrnn_pool import qrnn_pool_reference, reference_gradients
+
 try:
     import triton
     import triton.language as tl
@@ -192,6 +194,15 @@ class _TritonPool(torch.autograd.Function):
     def backward(ctx, dh, dc_last):
         gates, lengths, c0, keep, c_all = ctx.saved_tensors
         keep_prob, pooling, reverse = ctx.config
+        if torch.is_grad_enabled():  # create_graph=True: the kernel's backward is not differentiable
+
+            def recompute(gates: Tensor, c0: Tensor | None) -> tuple[Tensor, Tensor]:
+                kwargs = {"pooling": pooling, "keep": keep, "keep_prob": keep_prob, "reverse": reverse}
+                return qrnn_pool_reference(gates, lengths, c0, **kwargs)
+
+            needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[2])
+            dgates, dc0 = reference_gradients(recompute, (gates, c0), needs, (dh, dc_last))
+            return dgates, None, dc0, None, None, None, None
         batch, time, groups, hidden = gates.shape
         dgates = torch.empty_like(gates)
         dc0 = torch.empty_like(dc_last, dtype=gates.dtype)
