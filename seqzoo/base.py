@@ -26,6 +26,7 @@ import inspect
 import numbers
 import types
 import typing
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +41,7 @@ __all__ = [
     "available_encoders",
     "build_encoder",
     "check_arguments",
+    "check_layer_dropout",
     "check_mask",
     "check_padding_mask",
     "check_rate",
@@ -130,6 +132,16 @@ def check_rate(name: str, value: float) -> float:
     if not 0.0 <= value < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {value}")
     return value
+
+
+def check_layer_dropout(dropout: float, num_layers: int) -> float:
+    """``dropout`` between the layers of a stack, checked; with one layer it has no effect, which
+    warns as ``torch.nn.LSTM`` does."""
+    if check_rate("dropout", dropout) > 0 and num_layers == 1:
+        warnings.warn(
+            f"dropout={dropout} has no effect with num_layers=1: it applies between layers", UserWarning, stacklevel=3
+        )
+    return dropout
 
 
 def lengths_from_mask(mask: Tensor) -> Tensor:

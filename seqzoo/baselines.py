@@ -26,6 +26,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from seqzoo.base import (
     Encoder,
     State,
+    check_layer_dropout,
     check_rate,
     describe_state,
     lengths_from_mask,
@@ -52,7 +53,7 @@ class _TorchRNN(Encoder):
         bias: bool = True,
     ) -> None:
         super().__init__(input_size, hidden_size, bidirectional=bidirectional)
-        check_rate("dropout", dropout)
+        check_layer_dropout(dropout, num_layers)
         self.num_layers = num_layers
         self.rnn = self.rnn_class(
             input_size,

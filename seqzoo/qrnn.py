@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from seqzoo.base import Encoder, State, check_rate, lengths_from_mask, register_encoder
+from seqzoo.base import Encoder, State, check_layer_dropout, check_rate, lengths_from_mask, register_encoder
 from seqzoo.kernels import POOLINGS, qrnn_layer
 
 __all__ = ["QRNN", "QRNNLayer"]
@@ -153,7 +153,7 @@ class QRNN(Encoder):
         self.causal = self.causal and causal
         self.stateful = self.causal
         self.num_layers, self.dense = num_layers, dense
-        self.dropout = nn.Dropout(check_rate("dropout", dropout))
+        self.dropout = nn.Dropout(check_layer_dropout(dropout, num_layers))
         directions = (False, True) if bidirectional else (False,)
         out = self.output_size
         sizes = [input_size + i * out if dense else (input_size if i == 0 else out) for i in range(num_layers)]

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from seqzoo.base import Encoder, State, build_encoder, check_rate, register_encoder
+from seqzoo.base import Encoder, State, build_encoder, check_layer_dropout, register_encoder
 
 __all__ = ["DenseGRU", "DenseLSTM", "DenseStack"]
 
@@ -46,7 +46,7 @@ class DenseStack(Encoder):
             layers.append(build_encoder(layer, width, hidden_size=hidden_size, **layer_kwargs))
             width += layers[-1].output_size
         self.layers = nn.ModuleList(layers)
-        self.dropout = nn.Dropout(check_rate("dropout", dropout))
+        self.dropout = nn.Dropout(check_layer_dropout(dropout, num_layers))
         self.causal = all(layer.causal for layer in layers)
         self.stateful = all(layer.stateful for layer in layers)
 

@@ -32,7 +32,8 @@ def test_unpacked_padded_batch_equals_torch_packing(monkeypatch, name, with_stat
     initial state. The dropout between layers is 0 in eval mode. Lengths that repeat and a batch
     padded past its longest row exercise the LSTM's run by length (``_lstm_by_length``)."""
     torch.manual_seed(0)
-    enc = build_encoder(name, 5, hidden_size=7, num_layers=num_layers, bidirectional=bidirectional, dropout=0.5)
+    dropout = 0.5 if num_layers > 1 else 0.0
+    enc = build_encoder(name, 5, hidden_size=7, num_layers=num_layers, bidirectional=bidirectional, dropout=dropout)
     enc = enc.double().eval()
     x = torch.randn(4, 9, 5, dtype=torch.float64, requires_grad=True)
     lengths = torch.tensor(lengths)  # over half real: the unpacked path
@@ -382,3 +383,14 @@ def test_repr_shows_the_hyperparameters():
         assert part in mzu, part
     assert "num_layers=2, dense=True" in repr(build_encoder("qrnn", 6, hidden_size=4, num_layers=2, dense=True))
     assert "layer_norm=True, linear_gate=False" in repr(build_encoder("gru_ln", 6, hidden_size=4))
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru", "qrnn", "dense_lstm"])
+def test_dropout_between_layers_of_a_single_layer_warns(name):
+    """As torch.nn.LSTM warns (seqzoo passes it 0 with one layer, which hid torch's warning)."""
+    with pytest.warns(UserWarning, match=r"dropout=0\.3 has no effect with num_layers=1"):
+        build_encoder(name, 6, hidden_size=4, num_layers=1, dropout=0.3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_encoder(name, 6, hidden_size=4, num_layers=2, dropout=0.3)
+        build_encoder(name, 6, hidden_size=4, num_layers=1)

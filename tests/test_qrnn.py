@@ -27,7 +27,7 @@ def test_contract(bidirectional, window, dense, num_layers, pooling):
         dense=dense,
         pooling=pooling,
         zoneout=0.2,
-        dropout=0.3,
+        dropout=0.3 if num_layers > 1 else 0.0,
     )
     assert encoder.causal == encoder.stateful == (not bidirectional)
     assert_contract(encoder)
@@ -78,7 +78,8 @@ def test_zoneout_evaluation_uses_the_expectation():
 def test_dropout_only_between_layers():
     torch.manual_seed(0)
     x = torch.randn(2, 6, 5)
-    single = QRNN(5, 8, dropout=0.9)
+    with pytest.warns(UserWarning, match="no effect with num_layers=1"):
+        single = QRNN(5, 8, dropout=0.9)
     assert torch.equal(single.train()(x)[0], single.eval()(x)[0])
     stacked = QRNN(5, 8, num_layers=2, dropout=0.9)
     assert not torch.allclose(stacked.train()(x)[0], stacked.eval()(x)[0])
