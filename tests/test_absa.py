@@ -92,9 +92,10 @@ def test_errors_in_a_sentence_without_id_give_a_line(tmp_path):
 
 def test_an_unset_environment_variable_in_the_path_is_named(tmp_path, monkeypatch):
     monkeypatch.delenv("SEMEVAL_DIR", raising=False)
-    with pytest.raises(DataError, match=r"Train\.xml: no such file \(an environment variable .* is not set\)"):
+    unset = r"Train\.xml: cannot read: No such file or directory \(an environment variable .* is not set\)"
+    with pytest.raises(DataError, match=unset):
         read_semeval2014("$SEMEVAL_DIR/Train.xml")
-    with pytest.raises(DataError, match=r"missing\.xml: no such file$"):
+    with pytest.raises(DataError, match=r"missing\.xml: cannot read: No such file or directory$"):
         read_semeval2014(tmp_path / "missing.xml")
 
 
@@ -147,3 +148,28 @@ def test_pipeline_forward_backward(encoder, args):
         assert torch.isfinite(loss)
         assert model.embedding.weight.grad.abs().sum() > 0
         assert all(p.grad is not None for p in model.encoder.parameters())
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            ('from="8" to="13"', 'from="-40" to="13"'),
+            r"aspect term 'staff': needs 0 <= from < to <= \d+, got -40 and 13",
+        ),
+        (('from="8" to="13"', 'from="13" to="8"'), r"aspect term 'staff': needs 0 <= from < to <= \d+, got 13 and 8"),
+    ],
+)
+def test_offsets_outside_the_text_are_refused(tmp_path, change, message):
+    """Python's slicing made text[-40:13] match the term, so negative offsets passed."""
+    path = tmp_path / "bad.xml"
+    path.write_text(RESTAURANTS.read_text().replace(*change))
+    with pytest.raises(DataError, match=message):
+        read_semeval2014(path)
+
+
+def test_an_empty_sentence_text_is_refused(tmp_path):
+    path = tmp_path / "empty.xml"
+    path.write_text('<sentences><sentence id="7"><text> </text></sentence></sentences>')
+    with pytest.raises(DataError, match=r"empty\.xml:1: sentence id=7: empty <text>"):
+        read_semeval2014(path)

@@ -38,7 +38,7 @@ def test_read_labeled():
         ("missing_tab.train", 3, "missing tab"),
         ("empty_text.train", 2, "empty text"),
         ("empty_label.train", 2, "empty label"),
-        ("blank_line.train", 2, "missing tab"),
+        ("blank_line.train", 2, "blank line: expected LABEL<TAB>TEXT"),
     ],
 )
 def test_malformed_lines_name_file_and_line(name, line, message):
@@ -170,7 +170,18 @@ def test_bundled_corpus():
 
 
 def test_a_missing_task_names_the_directory_and_an_unset_variable(tmp_path):
-    with pytest.raises(FileNotFoundError, match=f"no mr.train or mr.train.gz in {tmp_path}$"):
+    with pytest.raises(DataError, match=f"^{tmp_path}: no mr.train or mr.train.gz$"):
         ClassificationData.from_dir(tmp_path, "mr")
-    with pytest.raises(FileNotFoundError, match=r"in \$UNSET_DIR/x \(an environment variable in the data directory"):
+    with pytest.raises(
+        DataError, match=r"^\$UNSET_DIR/x: no mr.train or mr.train.gz \(an environment variable in the data"
+    ):
         ClassificationData.from_dir("$UNSET_DIR/x", "mr")
+
+
+def test_a_second_tab_is_refused(tmp_path):
+    """A file with more columns (the raw VADER layout: id, score, text) gave label '1' and a text
+    holding a tab; the Fudan format has one tab per line."""
+    path = tmp_path / "x.train"
+    path.write_text("pos\tgood film\n1\t2.27\tgood film\n")
+    with pytest.raises(DataError, match=r"x\.train:2: a second tab: expected LABEL<TAB>TEXT"):
+        read_labeled(path)

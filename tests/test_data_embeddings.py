@@ -77,3 +77,12 @@ def test_header_count_mismatch_and_empty_file(tmp_path):
     with pytest.raises(DataError) as info:
         load_vectors(empty, VOCAB)
     assert str(info.value) == f"{empty}: empty file: no vectors"
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e400"])
+def test_non_finite_vector_values_are_refused(tmp_path, value):
+    """They used to reach the embedding and surface as a non-finite training loss."""
+    path = tmp_path / "v.txt"
+    path.write_text(f"the 1 2\nfilm 3 {value}\n")
+    with pytest.raises(DataError, match=r"v\.txt:2: non-finite vector value for 'film'"):
+        load_vectors(path, VOCAB)

@@ -107,10 +107,16 @@ BOM = b"\xef\xbb\xbf"
 @pytest.mark.parametrize("compress", [False, True])
 def test_a_byte_order_mark_at_the_start_is_not_text(tmp_path, compress):
     path = tmp_path / ("f.txt.gz" if compress else "f.txt")
-    data = BOM + "pos\tgood\n\ufeff kept inside\n".encode()
+    data = BOM + b"pos\tgood\n"
     path.write_bytes(gzip.compress(data) if compress else data)
     with open_text(path) as lines:
-        assert list(lines) == ["pos\tgood\n", "\ufeff kept inside\n"]
+        assert list(lines) == ["pos\tgood\n"]
+    data += BOM + b"neg\tbad\n"  # a second file appended with cat
+    path.write_bytes(gzip.compress(data) if compress else data)
+    with pytest.raises(
+        DataError, match=r"f\.txt(\.gz)?:2: byte-order mark inside the file \(files joined with cat\?\)"
+    ):
+        read_text(path)
     (tmp_path / "j.json").write_bytes(BOM + b'{"a": 1}')
     assert read_json(tmp_path / "j.json") == {"a": 1}
 
@@ -130,3 +136,50 @@ def test_every_reader_ignores_a_byte_order_mark(tmp_path):
     _, stats = load_vectors(write("v.txt", "the 0.1 0.2\ncat 0.3 0.4\n"), Vocab.build([["the", "cat"]]))
     assert stats.found == 2 and stats.oov == 0
     assert read_lines(write("s.en", "Hello .\n")) == ["Hello ."]
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_crlf_and_lone_cr_end_lines_as_newline_does(tmp_path, compress):
+    """Old Mac files (lone CR) were read as one line by every reader; CRLF left "\\r" in the text
+    of character-level readers. Both now end lines and come out as "\\n", with the right numbers."""
+    path = tmp_path / ("f.txt.gz" if compress else "f.txt")
+    for ending in ("\n", "\r\n", "\r"):
+        data = ending.join(["one", "two", "", "four"]).encode() + ending.encode() + b"five"
+        path.write_bytes(gzip.compress(data) if compress else data)
+        with open_text(path) as lines:
+            got = [(lines.line, line) for line in lines]
+        assert got == [(1, "one\n"), (2, "two\n"), (3, "\n"), (4, "four\n"), (5, "five")], ending
+    data = b"a\rb\xff\rc\n"
+    path.write_bytes(gzip.compress(data) if compress else data)
+    with pytest.raises(DataError, match=r"f\.txt(\.gz)?:1: invalid UTF-8 at byte 4 of the line"):
+        read_text(path)  # (a raw line with lone CRs is decoded at once: its first line is named)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            "pos\tgood\nneg\tbad".encode("utf-16-le"),
+            r":1: NUL character at column 2 \(UTF-16 text\? save the file as UTF-8\)",
+        ),
+        (
+            "pos\tgood\n".encode("utf-16"),
+            r":1: invalid UTF-8 at byte 1 of the line .*: a UTF-16 file\? save it as UTF-8",
+        ),
+        (gzip.compress(b"pos\tgood\n"), r":1: invalid UTF-8 at byte 2 of the line .*: gzip data; name the file \*\.gz"),
+        (b"pos\tgood\nneg\tb\x00ad\n", r":2: NUL character at column 6"),
+    ],
+    ids=["utf16-no-bom", "utf16", "gzip-without-gz", "nul"],
+)
+def test_text_that_is_not_utf8_says_what_it_looks_like(tmp_path, data, message):
+    path = tmp_path / "f.txt"
+    path.write_bytes(data)
+    with pytest.raises(DataError, match=message):
+        read_text(path)
+
+
+def test_a_file_that_cannot_be_opened_is_a_data_error(tmp_path):
+    with pytest.raises(DataError, match=r"missing\.txt: cannot read: No such file or directory$"):
+        read_text(tmp_path / "missing.txt")
+    with pytest.raises(DataError, match=r": cannot read: Is a directory$"):
+        read_text(tmp_path)

@@ -49,3 +49,13 @@ def test_tbptt_windows_shift_targets_by_one():
         assert x.shape == y.shape and torch.equal(y, x + 1)
     targets = torch.cat([y for _, y in windows], dim=1)
     assert torch.equal(targets, streams[:, 1:])
+
+
+def test_char_level_reads_crlf_and_cr_files_as_lf(tmp_path):
+    """A Windows or old Mac copy of a corpus gives the same characters (no "\r" tokens)."""
+    text = (FIXTURES / "lm.txt").read_text()
+    for ending in ("\r\n", "\r"):
+        path = tmp_path / "lm.txt"
+        path.write_bytes(text.replace("\n", ending).encode())
+        assert read_lm_tokens(path, "char") == list(text)
+        assert read_lm_tokens(path, "word") == read_lm_tokens(FIXTURES / "lm.txt", "word")

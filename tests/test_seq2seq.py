@@ -290,6 +290,19 @@ def test_read_parallel_names_the_short_file(tmp_path):
     (tmp_path / "a.en").write_text("one\n\n", encoding="utf-8")
     with pytest.raises(DataError, match=r"a\.en:2: empty line"):
         read_parallel(tmp_path / "a.de", tmp_path / "a.en")
+    (tmp_path / "a.en").write_text("", encoding="utf-8")  # crashed after training when a dev or test file
+    with pytest.raises(DataError, match=r"a\.en: empty file: no lines"):
+        read_parallel(tmp_path / "a.de", tmp_path / "a.en")
+
+
+def test_a_training_set_emptied_by_max_chars_is_refused(tmp_path):
+    """It trained 0 steps and reported BLEU 0 with exit status 0."""
+    from seqzoo.tasks.translation import read_splits
+
+    _write_copy_corpus(tmp_path)
+    cfg = load_config(None, ["task=translation", f"data.data_dir={tmp_path}", "data.max_chars=3"])
+    with pytest.raises(DataError, match=r"no training pair has both sides within data\.max_chars=3 characters"):
+        read_splits(cfg.data)
 
 
 def _write_copy_corpus(root: Path) -> None:

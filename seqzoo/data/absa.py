@@ -32,7 +32,7 @@ from pathlib import Path
 from xml.parsers import expat
 
 from seqzoo.data.errors import DataError
-from seqzoo.data.io import PathLike, read_text, unset_variable_hint
+from seqzoo.data.io import PathLike, read_text
 
 __all__ = ["POLARITIES", "AspectExample", "hard_subset", "hold_out_sentences", "read_semeval2014"]
 
@@ -55,10 +55,7 @@ class AspectExample:
 def read_semeval2014(path: PathLike) -> list[AspectExample]:
     """All (sentence, aspect term) examples of a SemEval-2014 Task 4 file, in file order (DS)."""
     path = Path(path)
-    try:
-        content = read_text(path)
-    except FileNotFoundError:
-        raise DataError(f"no such file{unset_variable_hint(path)}", path) from None
+    content = read_text(path)  # a missing file is a DataError naming it
     root, lines = _parse_xml(content, path)
     if root.tag != "sentences":
         raise DataError(f"root element must be <sentences>, got <{root.tag}>", path, lines[root])
@@ -72,6 +69,8 @@ def read_semeval2014(path: PathLike) -> list[AspectExample]:
         text = sentence.findtext("text")
         if text is None:
             raise error("missing <text>")
+        if not text.strip():
+            raise error("empty <text>")
         for term in sentence.iterfind("aspectTerms/aspectTerm"):
             aspect, polarity = term.get("term"), term.get("polarity")
             try:
@@ -81,6 +80,8 @@ def read_semeval2014(path: PathLike) -> list[AspectExample]:
             if aspect is None or polarity not in POLARITIES:
                 message = f"aspect term {aspect!r}: needs 'term' and a polarity in {POLARITIES}, got {polarity!r}"
                 raise error(message, term)
+            if not 0 <= start < end <= len(text):  # (negative offsets would slice from the end)
+                raise error(f"aspect term {aspect!r}: needs 0 <= from < to <= {len(text)}, got {start} and {end}", term)
             if text[start:end] != aspect:
                 raise error(f"aspect term {aspect!r} does not match text[{start}:{end}] = {text[start:end]!r}", term)
             examples.append(AspectExample(sid, index, text, aspect, start, end, polarity))

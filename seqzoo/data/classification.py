@@ -47,8 +47,9 @@ class LabeledText:
 def read_labeled(path: str | PathLike[str]) -> list[LabeledText]:
     """Read a ``LABEL<TAB>TEXT`` file (``.gz`` aware, strict UTF-8).
 
-    The line is split at its first tab; label and text are stripped of surrounding
-    whitespace and must both be non-empty (so blank lines are errors). Any problem raises
+    The line holds one tab; label and text are stripped of surrounding whitespace and must
+    both be non-empty (so blank lines are errors; a second tab, as in a file with more
+    columns, is an error too rather than part of the text). Any problem raises
     :class:`DataError` naming the file and line; an empty file is an error too.
     """
     examples = []
@@ -56,8 +57,12 @@ def read_labeled(path: str | PathLike[str]) -> list[LabeledText]:
         for line in lines:
             label, tab, text = line.partition("\t")
             label, text = label.strip(), text.strip()
+            if not line.strip():
+                raise lines.error("blank line: expected LABEL<TAB>TEXT")
             if not tab:
                 raise lines.error("missing tab: expected LABEL<TAB>TEXT")
+            if "\t" in text:
+                raise lines.error("a second tab: expected LABEL<TAB>TEXT, a text without tabs")
             if not label:
                 raise lines.error("empty label")
             if not text:
@@ -212,7 +217,7 @@ class ClassificationData:
         """Load ``task`` from ``data_dir`` (see :func:`find_split`); only the train split is required."""
         paths = {split: find_split(data_dir, task, split) for split in SPLITS}
         if paths["train"] is None:
-            raise FileNotFoundError(f"no {task}.train or {task}.train.gz in {data_dir}{unset_variable_hint(data_dir)}")
+            raise DataError(f"no {task}.train or {task}.train.gz{unset_variable_hint(data_dir)}", data_dir)
         return cls.from_files(
             paths["train"], paths["dev"], paths["test"], task=task, labels=labels, dev_fraction=dev_fraction, seed=seed
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from os import PathLike
 
@@ -86,6 +87,8 @@ def load_vectors(
                     vectors[word] = [float(v) for v in values.split(" ")]
                 except ValueError as err:
                     raise lines.error(f"non-numeric vector value ({err})") from None
+                if not all(map(math.isfinite, vectors[word])):
+                    raise lines.error(f"non-finite vector value for {word!r}")
         file_words = lines.line - (header is not None)
     if dim is None:
         raise DataError("empty file: no vectors", path)

@@ -42,39 +42,77 @@ PathLike = str | os.PathLike[str]
 
 # Raised by gzip for a corrupt or truncated stream.
 _GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)
+# What a file's first two bytes say when it does not decode as UTF-8.
+_ENCODING_HINTS = {
+    codecs.BOM_UTF16_LE: ": a UTF-16 file? save it as UTF-8",
+    codecs.BOM_UTF16_BE: ": a UTF-16 file? save it as UTF-8",
+    b"\x1f\x8b": ": gzip data; name the file *.gz",
+}
 
 
 class LineReader:
     """Iterator over the decoded lines of a text file; use via :func:`open_text`.
 
-    Each item is one line *with* its terminator (``"\\n"``; the last line may lack one), so
-    character-level readers see every character. :attr:`line` is the 1-based number of the
-    line last yielded (0 before the first), and :meth:`error` builds a :class:`DataError`
-    pointing at it. A UTF-8 byte-order mark at the start of the file is not part of the text.
+    Each item is one line *with* its terminator, so character-level readers see every
+    character. ``"\n"``, ``"\r\n"`` and a lone ``"\r"`` (old Mac files) all end a line and
+    all come out as ``"\n"``; the last line may lack one. :attr:`line` is the 1-based number of
+    the line last yielded (0 before the first), and :meth:`error` builds a :class:`DataError`
+    pointing at it. A UTF-8 byte-order mark at the start of the file is not part of the text;
+    one at the start of a later line (files joined with ``cat``), a NUL character (UTF-16 text)
+    and invalid UTF-8 are errors. A file that cannot be opened is a :class:`DataError` too.
     """
 
     def __init__(self, path: PathLike) -> None:
         self.path = Path(path)
         self.line = 0
-        self._raw: IO[bytes] = gzip.open(self.path, "rb") if self.path.name.endswith(".gz") else open(self.path, "rb")
+        self._pending: list[str] = []  # the further lines of a raw line that held lone "\r"s
+        try:
+            self._raw: IO[bytes] = (
+                gzip.open(self.path, "rb") if self.path.name.endswith(".gz") else open(self.path, "rb")
+            )
+        except OSError as err:
+            raise DataError(f"cannot read: {err.strerror}{unset_variable_hint(self.path)}", self.path) from None
 
     def __iter__(self) -> Iterator[str]:
         return self
 
     def __next__(self) -> str:
+        while not self._pending:  # (a first line of only a byte-order mark holds no line)
+            self._pending = self._split(self._read())
+        self.line += 1
+        text = self._pending.pop(0)
+        if "\x00" in text:
+            raise self.error(f"NUL character at column {text.index(chr(0)) + 1} (UTF-16 text? save the file as UTF-8)")
+        if text.startswith("\ufeff"):
+            raise self.error("byte-order mark inside the file (files joined with cat?): remove it")
+        return text
+
+    def _read(self) -> str:
+        """The next raw line (up to ``"\n"``) decoded; StopIteration at the end of the file."""
         try:
             raw = self._raw.readline()
         except _GZIP_ERRORS as err:
             raise DataError(f"corrupt gzip data ({err})", self.path, self.line + 1) from None
+        except OSError as err:  # e.g. a directory
+            raise DataError(f"cannot read: {err.strerror}", self.path) from None
         if not raw:
             raise StopIteration
-        self.line += 1
-        if self.line == 1 and raw.startswith(codecs.BOM_UTF8):
+        if self.line == 0 and raw.startswith(codecs.BOM_UTF8):
             raw = raw[len(codecs.BOM_UTF8) :]
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError as err:
-            raise self.error(f"invalid UTF-8 at byte {err.start} of the line ({err.reason})") from None
+            hint = _ENCODING_HINTS.get(raw[:2], "") if self.line == 0 else ""
+            raise DataError(
+                f"invalid UTF-8 at byte {err.start + 1} of the line ({err.reason}){hint}", self.path, self.line + 1
+            ) from None
+
+    @staticmethod
+    def _split(text: str) -> list[str]:
+        """A raw line's lines, each ending in ``"\n"`` (but perhaps the file's last)."""
+        pieces = text.replace("\r\n", "\n").split("\r")
+        lines = [piece + "\n" for piece in pieces[:-1]]
+        return [*lines, pieces[-1]] if pieces[-1] else lines
 
     def error(self, message: str) -> DataError:
         """A :class:`DataError` for the current line (or for the whole file before the first line)."""
@@ -117,8 +155,9 @@ def unset_variable_hint(path: PathLike) -> str:
 def open_text(path: PathLike) -> LineReader:
     """Open a UTF-8 text file (gzip-compressed when the name ends in ``.gz``) for line iteration.
 
-    Decoding is strict: invalid UTF-8 raises :class:`DataError` naming the file and line.
-    A missing file raises the usual :class:`FileNotFoundError`. Use as a context manager::
+    Decoding is strict: invalid UTF-8 raises :class:`DataError` naming the file and line, and
+    so does a file that cannot be opened (missing, a directory, no permission). Use as a
+    context manager::
 
         with open_text(path) as lines:
             for line in lines:

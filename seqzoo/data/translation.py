@@ -30,6 +30,8 @@ def read_lines(path: str | PathLike[str]) -> list[str]:
             if not text.strip():
                 raise lines.error("empty line: every line must hold a sentence")
             out.append(text)
+    if not out:
+        raise DataError("empty file: no lines", path)
     return out
 
 

@@ -57,6 +57,8 @@ def read_splits(cfg: TranslationDataConfig) -> dict[str, list[tuple[str, str]]]:
             cfg.max_chars,
         )
         pairs["train"] = kept
+        if not kept:
+            raise DataError(f"no training pair has both sides within data.max_chars={cfg.max_chars} characters")
     return pairs
 
 
