@@ -254,6 +254,10 @@ class Trainer:
             while self.state["step_in_epoch"] > 0 or _epochs_left(self.state, cfg):
                 self._train_epoch()
             return self._finish()
+        except BaseException as err:  # why a run stopped belongs in its log, not only on the console
+            reason = "interrupted" if isinstance(err, KeyboardInterrupt) else f"{type(err).__name__}: {err}"
+            self._handler.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, "stopped: %s", (reason,), None))
+            raise
         finally:
             log.removeHandler(self._handler)
             self._handler.close()

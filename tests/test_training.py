@@ -186,6 +186,8 @@ def test_nan_loss_stops_with_message_and_keeps_checkpoint(toy_corpus, tmp_path, 
     config = load_config(_config_yaml(toy_corpus, tmp_path))
     with pytest.raises(TrainingError, match=r"non-finite loss \(nan\) at epoch 2, batch 15.*last good checkpoint"):
         run(config, tmp_path / "nan")
+    last_line = (tmp_path / "nan/train.log").read_text().splitlines()[-1]  # the log says why the run stopped
+    assert "stopped: TrainingError: non-finite loss (nan) at epoch 2, batch 15; stopping." in last_line
     state = json.loads((tmp_path / "nan/last/train_state.json").read_text())["loop"]
     assert state["global_step"] == 40  # the checkpoint before the NaN survives
     assert (tmp_path / "nan/best/model.safetensors").exists()
