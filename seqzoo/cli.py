@@ -129,7 +129,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 def _predict(args: argparse.Namespace) -> int:
     from seqzoo.data.errors import DataError
-    from seqzoo.data.io import read_text
+    from seqzoo.data.io import open_text
     from seqzoo.runner import load_task
 
     runs = _trained_runs(args.run_dir)
@@ -139,16 +139,8 @@ def _predict(args: argparse.Namespace) -> int:
             f"{runs[0]}: `seqzoo predict` serves classification, aspect sentiment and translation runs, not this one"
         )
     source = "<stdin>" if args.input in (None, "-") else args.input
-    if source == "<stdin>":  # bytes, decoded as strictly as files are
-        raw = sys.stdin.buffer.read()
-        try:
-            content = raw.decode("utf-8-sig")
-        except UnicodeDecodeError as err:
-            raise DataError(f"invalid UTF-8 ({err.reason})", source, raw.count(b"\n", 0, err.start) + 1) from None
-    else:
-        content = read_text(source)
-    lines = content.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # \n, \r\n and \r all end a line
-    numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
+    with open_text(source, sys.stdin.buffer if source == "<stdin>" else None) as lines:  # stdin read as a file is
+        numbered = [(lines.line, line.removesuffix("\n")) for line in lines if line.strip()]
     try:
         results = task.predict([text for _, text in numbered])
     except DataError as err:  # the task numbers the texts; name the input's own line

@@ -62,14 +62,16 @@ class LineReader:
     and invalid UTF-8 are errors. A file that cannot be opened is a :class:`DataError` too.
     """
 
-    def __init__(self, path: PathLike) -> None:
+    def __init__(self, path: PathLike, stream: IO[bytes] | None = None) -> None:
         self.path = Path(path)
         self.line = 0
         self._pending: list[str] = []  # the further lines of a raw line that held lone "\r"s
+        self._owned = stream is None  # a stream that was given (standard input) stays open
+        self._raw: IO[bytes] = stream if stream is not None else self._open()
+
+    def _open(self) -> IO[bytes]:
         try:
-            self._raw: IO[bytes] = (
-                gzip.open(self.path, "rb") if self.path.name.endswith(".gz") else open(self.path, "rb")
-            )
+            return gzip.open(self.path, "rb") if self.path.name.endswith(".gz") else open(self.path, "rb")
         except OSError as err:
             raise DataError(f"cannot read: {err.strerror}{unset_variable_hint(self.path)}", self.path) from None
 
@@ -119,7 +121,8 @@ class LineReader:
         return DataError(message, self.path, self.line or None)
 
     def close(self) -> None:
-        self._raw.close()
+        if self._owned:
+            self._raw.close()
 
     def __enter__(self) -> LineReader:
         return self
@@ -152,8 +155,9 @@ def unset_variable_hint(path: PathLike) -> str:
     return " (an environment variable in the data directory is not set)" if "$" in str(path) else ""
 
 
-def open_text(path: PathLike) -> LineReader:
-    """Open a UTF-8 text file (gzip-compressed when the name ends in ``.gz``) for line iteration.
+def open_text(path: PathLike, stream: IO[bytes] | None = None) -> LineReader:
+    """Open a UTF-8 text file (gzip-compressed when the name ends in ``.gz``) for line iteration;
+    or read ``stream`` (e.g. ``sys.stdin.buffer``) the same way, calling it ``path`` in errors.
 
     Decoding is strict: invalid UTF-8 raises :class:`DataError` naming the file and line, and
     so does a file that cannot be opened (missing, a directory, no permission). Use as a
@@ -164,7 +168,7 @@ def open_text(path: PathLike) -> LineReader:
                 if "\\t" not in line:
                     raise lines.error("missing tab")
     """
-    return LineReader(path)
+    return LineReader(path, stream)
 
 
 def read_text(path: PathLike) -> str:
