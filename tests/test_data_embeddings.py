@@ -86,3 +86,13 @@ def test_non_finite_vector_values_are_refused(tmp_path, value):
     path.write_text(f"the 1 2\nfilm 3 {value}\n")
     with pytest.raises(DataError, match=r"v\.txt:2: non-finite vector value for 'film'"):
         load_vectors(path, VOCAB)
+
+
+def test_trailing_whitespace_passes_and_a_double_space_is_named(tmp_path):
+    path = tmp_path / "v.txt"
+    path.write_text("the 1 2 \t\nfilm 3  4\n")
+    with pytest.raises(DataError, match=r"v\.txt:2: two spaces in a row: the values are separated by single spaces"):
+        load_vectors(path, VOCAB)
+    path.write_text("the 1 2 \t\nfilm 3 4\n")
+    weight, stats = load_vectors(path, VOCAB)
+    assert stats.dim == 2 and weight.shape[1] == 2

@@ -68,7 +68,7 @@ def load_vectors(
     header: tuple[int, int] | None = None
     with open_text(path) as lines:
         for line in lines:
-            word, _, values = line.rstrip("\r\n").rstrip(" ").partition(" ")
+            word, _, values = line.rstrip().partition(" ")
             n_values = values.count(" ") + 1 if values else 0
             if lines.line == 1 and n_values == 1 and word.isdigit() and values.isdigit():
                 header = (int(word), int(values))
@@ -78,6 +78,8 @@ def load_vectors(
                 continue
             if not word or not values:
                 raise lines.error("expected a word followed by its vector values")
+            if "  " in values:
+                raise lines.error("two spaces in a row: the values are separated by single spaces")
             if dim is None:
                 dim = n_values
             if n_values != dim:
