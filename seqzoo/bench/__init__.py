@@ -3,12 +3,21 @@
 import argparse
 
 
-def positive_int(text: str) -> int:
-    """An ``argparse`` type: an integer >= 1 (repeats, threads, sizes)."""
+def _int_at_least(text: str, minimum: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An ``argparse`` type: an integer >= 1 (repeats, threads, sizes)."""
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """An ``argparse`` type: an integer >= 0 (warm-up runs)."""
+    return _int_at_least(text, 0)

@@ -7,9 +7,12 @@ all of them alike; each figure is the median over ``--repeats`` after warm-up.
 
 QRNN rows (pooling ``--qrnn-pooling``, fo by default; window ``--qrnn-window``) also report
 ``gemm_bound_fwd_bwd_tokens_per_s``, the same projection's forward and backward matmuls alone
-(Y = XW^T + b, dX = dY W, dW^T = X^T dY) timed in the same run, and (compiled backend)
-``pooling_share``, the fraction of the layer's fwd+bwd time spent in its fused activations,
-zoneout and pooling kernel. ``sru`` (PyPI ``sru``) is measured when installed.
+(Y = XW^T + b, dX = dY W, dW^T = X^T dY) timed in the same run, and ``pooling_share``, the
+fraction of the layer's fwd+bwd time spent in its activations, zoneout and pooling (the fused
+kernel on the compiled backend; the backend's ``qrnn_pool`` forward and backward otherwise).
+Each encoder name is measured once. ``sru`` (PyPI ``sru``) is measured when installed; on CPU
+its training path (forward with autograd, backward) is SRU's own Python loop over time, its
+inference path a compiled kernel.
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ import torch
 from torch import Tensor, nn
 
 from seqzoo.base import available_encoders, build_encoder
-from seqzoo.bench import positive_int
+from seqzoo.bench import non_negative_int, positive_int
 from seqzoo.kernels import pool_backend
-from seqzoo.kernels.qrnn_pool import _Kernel
+from seqzoo.kernels.qrnn_pool import _Kernel, qrnn_pool
 from seqzoo.qrnn import QRNN
 
 __all__ = ["main"]
@@ -135,12 +138,17 @@ def _qrnn_cases(model: QRNN, x: Tensor) -> dict[str, Callable[[], float]]:
         torch.mm(grad_gates, weight)  # dX
         torch.mm(inputs.t(), grad_gates)  # dW^T, the faster of the two layouts (as the layer computes it)
 
-    def pool() -> None:
+    def fused_pool() -> None:
         kernel.forward(training=True)
         kernel.backward(grad_h, grad_c)
 
-    cases = {"gemm": _timer(gemm), "pool": _timer(pool)}
-    return cases if pool_backend("cpu") == "compiled" else {"gemm": cases["gemm"]}
+    gates = grad_gates.view(batch, seq_len, -1, layer.hidden_size).detach().requires_grad_(True)
+
+    def pool() -> None:  # the other backends: activations, zoneout and pooling through autograd
+        h, c = qrnn_pool(gates, lengths, pooling=layer.pooling)
+        torch.autograd.grad((h, c), gates, (grad_h, grad_c))
+
+    return {"gemm": _timer(gemm), "pool": _timer(fused_pool if pool_backend("cpu") == "compiled" else pool)}
 
 
 def measure(
@@ -195,8 +203,7 @@ def measure(
                 backend=pool_backend("cpu"),
                 gemm_bound_fwd_bwd_tokens_per_s=round(tokens / seconds(name, "gemm"), 1),
             )
-            if (name, "pool") in cases:
-                row["pooling_share"] = round(seconds(name, "pool") / seconds(name, "fwd_bwd"), 4)
+            row["pooling_share"] = round(seconds(name, "pool") / seconds(name, "fwd_bwd"), 4)
         rows.append(row)
     return rows
 
@@ -235,10 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--qrnn-window", type=positive_int, default=1, help="QRNN filter width k (default 1)")
     parser.add_argument("--qrnn-pooling", choices=("f", "fo", "ifo"), default="fo", help="QRNN pooling (default fo)")
     parser.add_argument("--repeats", type=positive_int, default=5, help="timed runs per measurement (median)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed runs first")
+    parser.add_argument("--warmup", type=non_negative_int, default=2, help="untimed runs first (default 2)")
     parser.add_argument("--threads", type=positive_int, default=2, help="torch.set_num_threads (default 2)")
     args = parser.parse_args(argv)
-    encoders = args.encoders
+    encoders = list(dict.fromkeys(args.encoders))  # a name given twice is measured once
     if "sru" in encoders:
         try:
             import sru  # noqa: F401

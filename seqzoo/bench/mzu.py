@@ -79,8 +79,9 @@ def mzu_forward_flops(
 
 
 def dtgru_forward_flops(input_size: int, hidden: int, transition_depth: int = 1) -> int:
-    """Forward matmul FLOPs per token of one DT-GRU layer (L-GRU with linear gate + T-GRUs)."""
-    return 2 * input_size * 5 * hidden + (transition_depth + 1) * 2 * hidden * 3 * hidden
+    """Forward matmul FLOPs per token of one DT-GRU layer: the L-GRU with linear gate (x to r, u,
+    l, candidate and H(x): 5H; h to r, u, l, candidate: 4H), then T-GRUs (h to r, u, candidate: 3H)."""
+    return 2 * input_size * 5 * hidden + 2 * hidden * 4 * hidden + transition_depth * 2 * hidden * 3 * hidden
 
 
 def sgemm_flops_per_s(size: int = 2048, repeats: int = 5) -> float:
