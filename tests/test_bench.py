@@ -25,6 +25,7 @@ def _rows(capsys) -> list[dict]:
 @pytest.mark.parametrize("backend", ["auto", "reference"])
 def test_bench_encoders_reports_rates_bound_and_pooling_share(capsys, monkeypatch, window, pooling, backend):
     monkeypatch.setenv("SEQZOO_QRNN_BACKEND", backend)  # pooling_share on every backend, as the spec asks
+    monkeypatch.setattr("seqzoo.bench.encoders.sgemm_flops_per_s", lambda: 123.4e9)  # (measured in the MZU test)
     args = [
         "bench",
         "encoders",
@@ -55,6 +56,7 @@ def test_bench_encoders_reports_rates_bound_and_pooling_share(capsys, monkeypatc
     for row in (r for r in rows if r["encoder"] == "qrnn"):
         assert row["window"] == window and row["pooling"] == pooling
         assert row["gemm_bound_fwd_bwd_tokens_per_s"] > 0 and 0.0 <= row["pooling_share"] <= 1.0
+    assert all(row["sgemm_gflops"] == 123.4 for row in rows)
 
 
 @pytest.mark.parametrize("compile_step", [False, pytest.param(True, marks=needs_cxx)])

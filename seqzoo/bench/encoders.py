@@ -10,7 +10,9 @@ QRNN rows (pooling ``--qrnn-pooling``, fo by default; window ``--qrnn-window``) 
 (Y = XW^T + b, dX = dY W, dW^T = X^T dY) timed in the same run, and ``pooling_share``, the
 fraction of the layer's fwd+bwd time spent in its activations, zoneout and pooling (the fused
 kernel on the compiled backend; the backend's ``qrnn_pool`` forward and backward otherwise).
-Each encoder name is measured once. ``sru`` (PyPI ``sru``) is measured when installed; on CPU
+Each encoder name is measured once. Every row also carries ``sgemm_gflops``, the machine's fp32
+matmul rate measured before the first shape (:func:`seqzoo.bench.sgemm_flops_per_s`), so runs
+on different machines can be compared. ``sru`` (PyPI ``sru``) is measured when installed; on CPU
 its training path (forward with autograd, backward) is SRU's own Python loop over time, its
 inference path a compiled kernel.
 """
@@ -28,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from seqzoo.base import available_encoders, build_encoder
-from seqzoo.bench import non_negative_int, positive_int
+from seqzoo.bench import non_negative_int, positive_int, sgemm_flops_per_s
 from seqzoo.kernels import pool_backend
 from seqzoo.kernels.qrnn_pool import _Kernel, qrnn_pool
 from seqzoo.qrnn import QRNN
@@ -254,13 +256,14 @@ def main(argv: list[str] | None = None) -> int:
             encoders.remove("sru")
     torch.set_num_threads(args.threads)
     rows = []
+    sgemm = round(sgemm_flops_per_s() / 1e9, 1)  # the machine's rate, which a GEMM-bound QRNN follows
     for shape in args.shapes:
         for row in measure(
             encoders, shape, args.repeats, args.warmup, args.qrnn_window, args.threads, args.qrnn_pooling
         ):
-            rows.append(row)
+            rows.append({**row, "sgemm_gflops": sgemm})
             if args.json:
-                print(json.dumps(row), flush=True)
+                print(json.dumps(rows[-1]), flush=True)
     if not args.json:
         print(_table(rows))
     return 0

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from seqzoo.base import Encoder, detach_state
-from seqzoo.bench import positive_int
+from seqzoo.bench import positive_int, sgemm_flops_per_s
 from seqzoo.dtgru import DeepTransitionGRU
 from seqzoo.mzu import MZU
 from seqzoo.recurrent import compile_failure
@@ -82,17 +82,6 @@ def dtgru_forward_flops(input_size: int, hidden: int, transition_depth: int = 1)
     """Forward matmul FLOPs per token of one DT-GRU layer: the L-GRU with linear gate (x to r, u,
     l, candidate and H(x): 5H; h to r, u, l, candidate: 4H), then T-GRUs (h to r, u, candidate: 3H)."""
     return 2 * input_size * 5 * hidden + 2 * hidden * 4 * hidden + transition_depth * 2 * hidden * 3 * hidden
-
-
-def sgemm_flops_per_s(size: int = 2048, repeats: int = 5) -> float:
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
 
 
 class _CharLM(nn.Module):
