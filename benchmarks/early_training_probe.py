@@ -57,9 +57,8 @@ def main() -> None:
         for group in optimizer.param_groups:  # warm-up and step schedules, as the trainer sets them
             group["lr"] = scheduled_lr(cfg.optim, cfg.optim.lr, index, steps)
         norms.append(update(model, optimizer, step.loss, cfg.optim.clip_norm))
-        term = model.auxiliary_loss() if hasattr(model, "auxiliary_loss") else None
-        aux.append(0.0 if term is None else term.detach().item())
-        ce.append(step.loss.detach().item() - aux[-1])
+        aux.append(step.auxiliary)
+        ce.append(step.loss.detach().item() - step.auxiliary)
         if (index + 1) % args.every == 0:
             mean_ce, mean_aux = (sum(v[-args.every :]) / args.every / math.log(2) for v in (ce, aux))
             norm = "" if norms[-1] is None else f", grad norm {statistics.median(norms[-args.every :]):.3f}"

@@ -72,7 +72,7 @@ class ClassificationDataConfig:
     split_hyphens: bool = False  # well-acted -> well - acted (better pretrained-vector coverage)
     min_freq: int = 1
     max_vocab: int | None = None
-    max_len: int | None = None  # truncate longer texts (tokens)
+    max_len: int | None = None  # truncate longer texts to their first max_len tokens, in every split
     embeddings: str | None = None  # GloVe-format text vectors (.txt or .gz)
     embedding_dim: int = 50
     freeze_embeddings: bool = False

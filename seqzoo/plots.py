@@ -33,7 +33,7 @@ def plot_curves(metrics_path: Path, out_dir: Path, metric: str) -> list[Path]:
     x = [r["epoch"] for r in epochs]
     paths = []
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.plot(x, [r["train_loss"] for r in epochs], "o-", label="train (objective, with any regulariser)")
+    ax.plot(x, [r["train_loss"] - r.get("train_auxiliary", 0.0) for r in epochs], "o-", label="train")
     if "dev_loss" in epochs[0]:
         ax.plot(x, [r["dev_loss"] for r in epochs], "s-", label="dev")
     ax.set(xlabel="epoch", ylabel="loss", title="Loss")

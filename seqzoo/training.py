@@ -77,6 +77,14 @@ class StepLoss(NamedTuple):
     loss: Tensor  # to minimise: the mean over ``count`` units, auxiliary losses included
     tokens: int  # tokens processed, for throughput
     count: int  # units the loss is a mean over (examples, or target tokens), for epoch averages
+    auxiliary: float = 0.0  # the part of ``loss`` that is the model's regulariser, reported apart
+
+    @classmethod
+    def plus(cls, loss: Tensor, auxiliary: Tensor | None, tokens: int, count: int) -> StepLoss:
+        """``loss`` plus the model's regulariser ``auxiliary`` (e.g. the MZU's −λ·D; None: none)."""
+        if auxiliary is None:
+            return cls(loss, tokens, count)
+        return cls(loss + auxiliary, tokens, count, auxiliary.item())
 
 
 class Task(Protocol):
@@ -166,6 +174,7 @@ class Trainer:
             "step_in_epoch": 0,
             "global_step": 0,
             "loss_sum": 0.0,
+            "aux_sum": 0.0,
             "loss_count": 0,
             "best": None,
             "best_epoch": None,
@@ -213,6 +222,7 @@ class Trainer:
             return False
         doc = _read_train_state(path)
         doc["loop"].pop("done", None)  # a stop flag older runs stored; stopping now follows the config
+        doc["loop"].setdefault("aux_sum", 0.0)  # older runs did not report the regulariser apart
         if set(doc["loop"]) != set(self.state):
             missing, unknown = sorted(set(self.state) - set(doc["loop"])), sorted(set(doc["loop"]) - set(self.state))
             raise TrainingError(
@@ -281,7 +291,7 @@ class Trainer:
         for index in range(state["step_in_epoch"], len(batches)):
             if _budget_spent(state, cfg):
                 break
-            loss, tokens, count = task.train_loss(batches[index])
+            loss, tokens, count, auxiliary = StepLoss(*task.train_loss(batches[index]))  # (a plain 3-tuple too)
             if not torch.isfinite(loss):
                 bar.close()
                 last, best = resolve_checkpoint(self.run_dir / "last"), resolve_checkpoint(self.run_dir / "best")
@@ -298,6 +308,7 @@ class Trainer:
                 group["lr"] = lr
             update(task.model, self.optimizer, loss, cfg.optim.clip_norm)
             state["loss_sum"] += loss.item() * count
+            state["aux_sum"] += auxiliary * count
             state["loss_count"] += count
             state["step_in_epoch"] = index + 1
             state["global_step"] += 1
@@ -336,19 +347,22 @@ class Trainer:
         value = dev[task.metric]
         best = state["best"]
         improved = best is None or (value > best if task.higher_is_better else value < best)
+        auxiliary = state["aux_sum"] / max(state["loss_count"], 1)
         record = {
             "event": "epoch",
             "epoch": epoch + 1,
             "lr": self.optimizer.param_groups[0]["lr"],  # the epoch's last step's
-            "train_loss": self._epoch_loss(),
+            "train_loss": self._epoch_loss(),  # the objective: with the regulariser, when there is one
+            **({"train_auxiliary": auxiliary} if auxiliary else {}),  # ... which is this part of it
             **{f"dev_{k}": v for k, v in dev.items()},
             "seconds": round(seconds, 3),
             "tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
         }
         log.info(
-            "epoch %d: train loss %.4f, dev %s %.4f%s, %.1fs, %.0f tokens/s",
+            "epoch %d: train loss %.4f%s, dev %s %.4f%s, %.1fs, %.0f tokens/s",
             epoch + 1,
             record["train_loss"],
+            f" (regulariser {auxiliary:+.4f})" if auxiliary else "",
             task.metric,
             value,
             " (best)" if improved else "",
@@ -362,7 +376,7 @@ class Trainer:
             state["bad_epochs"] += 1
         self._record(record)
         self._step_schedule(epoch, improved)
-        state.update(epoch=epoch + 1, step_in_epoch=0, loss_sum=0.0, loss_count=0)
+        state.update(epoch=epoch + 1, step_in_epoch=0, loss_sum=0.0, aux_sum=0.0, loss_count=0)
         if _patience_spent(state, cfg):
             log.info("early stopping: no dev improvement for %d epochs", cfg.train.patience)
         if _budget_spent(state, cfg):

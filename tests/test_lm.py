@@ -1,5 +1,6 @@
 """Language-modelling recipe: streams, stateful evaluation, metrics, training, exact resume, sampling."""
 
+import dataclasses
 import json
 import math
 import random
@@ -312,7 +313,7 @@ def test_brown_char_smoke(shared_data, tmp_path):
     optimizer = torch.optim.Adam(task.model.parameters(), lr=0.01)
     losses = []
     for step in task.train_batches(0)[:40]:
-        loss, tokens, _ = task.train_loss(step)
+        loss, tokens = task.train_loss(step)[:2]
         assert tokens == 16 * 50
         optimizer.zero_grad()
         loss.backward()
@@ -321,3 +322,26 @@ def test_brown_char_smoke(shared_data, tmp_path):
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5
     dev = task.evaluate("dev")
     assert dev["bpc"] < 5.0 < math.log2(len(task.vocab))
+
+
+def test_the_regulariser_is_reported_apart_from_the_training_loss(corpus, tmp_path):
+    """train_loss is the objective (cross-entropy plus the MZU's -lambda*D); train_auxiliary is the
+    regulariser's part of it, so train - auxiliary compares with the dev loss. An older run's loop
+    state (no aux_sum) still resumes."""
+    args = {"hidden_size": 8, "num_zones": 2, "disagreement": 1.0}
+    model = {"encoder": "mzu", "encoder_args": args, "tie_weights": False}
+    config = make_config(corpus, tmp_path, model=model, train={"epochs": 1, "checkpoint_every": 5})
+    run(config, tmp_path / "mzu")
+    epoch = _records(tmp_path / "mzu")[0]
+    assert 0 < epoch["train_auxiliary"] < epoch["train_loss"]  # -lambda*D_zone, D_zone in [-1, 0]
+    assert "(regulariser +" in (tmp_path / "mzu/train.log").read_text()
+    state_path = tmp_path / "mzu/last/train_state.json"
+    state = json.loads(state_path.read_text())
+    del state["loop"]["aux_sum"]
+    state_path.write_text(json.dumps(state))
+    more = dataclasses.replace(config, train=dataclasses.replace(config.train, epochs=2))
+    run(more, tmp_path / "mzu", resume=True)
+    assert [r["event"] for r in _records(tmp_path / "mzu")] == ["epoch", "epoch", "test"]
+    args["disagreement"] = 0.0
+    run(make_config(corpus, tmp_path, model=model, train={"epochs": 1}), tmp_path / "plain")
+    assert "train_auxiliary" not in _records(tmp_path / "plain")[0]

@@ -200,8 +200,7 @@ class ABSATask:
     def train_loss(self, batch: list[int]) -> StepLoss:
         data = self._batch("train", batch)
         loss = F.cross_entropy(self._logits(data), data.labels)
-        aux = self.model.auxiliary_loss()
-        return StepLoss(loss + aux if aux is not None else loss, int(data.mask.sum()), len(batch))
+        return StepLoss.plus(loss, self.model.auxiliary_loss(), int(data.mask.sum()), len(batch))
 
     def evaluate(self, split: str) -> dict[str, float]:
         """``accuracy`` and mean cross-entropy ``loss`` over the examples of ``split``, and their number."""

@@ -125,8 +125,7 @@ class ClassificationTask:
     def train_loss(self, batch: list[int]) -> StepLoss:
         ids, mask, y = self._batch(self.splits["train"], batch)
         loss = F.cross_entropy(self.model(ids, mask), y)
-        aux = self.model.auxiliary_loss()
-        return StepLoss(loss + aux if aux is not None else loss, int(mask.sum()), len(batch))
+        return StepLoss.plus(loss, self.model.auxiliary_loss(), int(mask.sum()), len(batch))
 
     def evaluate(self, split: str) -> dict[str, float]:
         data = self.splits[split]

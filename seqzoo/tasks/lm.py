@@ -164,8 +164,7 @@ class LMTask:
         logits, state = self.model(x, self._state)
         self._state = detach_state(state)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-        aux = self.model.auxiliary_loss()
-        return StepLoss(loss + aux if aux is not None else loss, y.numel(), y.numel())
+        return StepLoss.plus(loss, self.model.auxiliary_loss(), y.numel(), y.numel())
 
     def extra_state(self) -> dict[str, Any]:
         """The carried training state, saved in ``last/`` so a resumed run continues exactly."""
