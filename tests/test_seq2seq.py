@@ -343,6 +343,8 @@ train: {{epochs: 8, patience: null, batch_size: 16, eval_batch_size: 32, progres
     assert main(["train", str(config), "--run-dir", str(run_dir)]) == 0
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     test = next(r for r in records if r.get("event") == "test")
+    signatures = json.loads((run_dir / "best/sacrebleu.json").read_text())  # TASKS.md: BLEU with its signature
+    assert set(signatures) == {"bleu", "chrf"} and "tok:13a" in signatures["bleu"] and "nc:6" in signatures["chrf"]
     assert test["test_bleu"] > 50 and test["test_chrf"] > 50  # learnt the reversal, not noise
     source = tmp_path / "input.txt"
     source.write_text("ab cd ef gh\n", encoding="utf-8")

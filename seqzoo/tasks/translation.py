@@ -13,7 +13,8 @@ Metrics: ``loss`` is the teacher-forced mean NLL per target character (``<eos>``
 nats); ``bleu`` and ``chrf`` are sacrebleu corpus scores of the beam-search output
 (``data.beam_size``, ``data.length_alpha``) against the raw reference lines — the text is never
 tokenised by seqzoo, so this is BLEU on detokenized text with sacrebleu's default ``13a``
-tokenisation (its signature is logged). The dev metric for model selection is ``bleu``.
+tokenisation (its signature is logged, and stored in ``best/sacrebleu.json``). The dev metric for
+model selection is ``bleu``.
 """
 
 from __future__ import annotations
@@ -62,19 +63,17 @@ def read_splits(cfg: TranslationDataConfig) -> dict[str, list[tuple[str, str]]]:
     return pairs
 
 
-def corpus_scores(hypotheses: list[str], references: list[str]) -> dict[str, float]:
-    """sacrebleu corpus BLEU and chrF (the ``bleu`` extra: ``pip install seqzoo[bleu]``)."""
+def corpus_scores(hypotheses: list[str], references: list[str]) -> tuple[dict[str, float], dict[str, str]]:
+    """sacrebleu corpus BLEU and chrF, and their signature strings (TASKS.md: BLEU "with its signature")."""
     try:
         import sacrebleu
     except ImportError:
         raise ImportError("BLEU needs sacrebleu: pip install 'seqzoo[bleu]'") from None
-    bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
-    scores = {
-        "bleu": bleu.corpus_score(hypotheses, [references]).score,
-        "chrf": chrf.corpus_score(hypotheses, [references]).score,
-    }
-    log.info("sacrebleu %s | %s", bleu.get_signature(), chrf.get_signature())
-    return scores
+    metrics = {"bleu": sacrebleu.metrics.BLEU(), "chrf": sacrebleu.metrics.CHRF()}
+    scores = {name: metric.corpus_score(hypotheses, [references]).score for name, metric in metrics.items()}
+    signatures = {name: str(metric.get_signature()) for name, metric in metrics.items()}
+    log.info("sacrebleu %s", " | ".join(signatures.values()))
+    return scores, signatures
 
 
 class TranslationTask:
@@ -95,6 +94,7 @@ class TranslationTask:
         self.vocab = vocab or build_char_vocab((text for pair in pairs["train"] for text in pair), data.min_freq)
         self.bos_id, self.eos_id = self.vocab.token_to_id(BOS), self.vocab.token_to_id(EOS)
         self.pairs = pairs
+        self.signatures: dict[str, str] = {}  # sacrebleu's, from the last evaluation
         self.ids = {split: [(self.vocab.encode(s), self.vocab.encode(t)) for s, t in p] for split, p in pairs.items()}
         with names_config_errors("model"):
             arguments = with_recipe_arguments(
@@ -145,7 +145,8 @@ class TranslationTask:
                 nll, targets = nll + float(batch_nll), targets + batch_targets
         self.model.train(was_training)
         sources, references = zip(*self.pairs[split], strict=True)
-        return {"loss": nll / targets, **corpus_scores(self.translate(list(sources)), list(references))}
+        scores, self.signatures = corpus_scores(self.translate(list(sources)), list(references))
+        return {"loss": nll / targets, **scores}
 
     def translate(self, texts: list[str], beam_size: int | None = None, alpha: float | None = None) -> list[str]:
         """Beam-search translations of raw source sentences, in input order."""
@@ -172,7 +173,8 @@ class TranslationTask:
         return [{"translation": t} for t in self.translate(texts)]
 
     def documents(self) -> dict[str, Any]:
-        return {"vocab.json": self.vocab.to_dict()}
+        """The vocabulary, and sacrebleu's signatures of the BLEU and chrF reported (TASKS.md)."""
+        return {"vocab.json": self.vocab.to_dict(), "sacrebleu.json": self.signatures}
 
 
 def build_tasks(config: RunConfig) -> list[tuple[str, TranslationTask]]:
