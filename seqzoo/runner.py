@@ -124,14 +124,16 @@ def summarize(results: dict[str, dict[str, float]]) -> dict[str, Any]:
 def format_summary(summary: dict[str, Any]) -> list[str]:
     """One line per test metric: ``mean ± std (n=seeds)``; a single seed has no spread to show.
 
-    Accuracies in % with 2 decimals, counts (integers in every run, e.g. tokens) as integers,
+    Accuracies in % with 2 decimals, counts (integers in every run, e.g. tokens, with an integral
+    mean and spread) as integers,
     everything else (BPC, perplexity, BLEU, losses) with 3 decimals, the resolution at which models
     are compared.
     """
     lines = []
     for key, s in summary["metrics"].items():
         scale, unit, decimals = (100.0, "%", 2) if "accuracy" in key else (1.0, "", 3)
-        if all(isinstance(run[key], int) for run in summary["runs"].values() if key in run):
+        counts = all(isinstance(run[key], int) for run in summary["runs"].values() if key in run)
+        if counts and float(s["mean"]).is_integer() and float(s["std"]).is_integer():  # (fold means may not be)
             decimals = 0
         spread = f" ± {s['std'] * scale:.{decimals}f}{unit}" if s["n"] > 1 else ""
         lines.append(f"{key}: {s['mean'] * scale:.{decimals}f}{unit}{spread} (n={s['n']})")

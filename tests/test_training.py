@@ -117,6 +117,8 @@ def test_summary_lines_show_each_metric_at_its_resolution():
         "test_bpc: 2.257 ± 0.004 (n=2)",
         "test_tokens: 623500 ± 0 (n=2)",
     ]
+    folds = {"seed-1/fold-1": {"test_examples": 10}, "seed-1/fold-2": {"test_examples": 9}}
+    assert format_summary(summarize(folds)) == ["test_examples: 9.500 (n=1)"]  # a fold mean, not "10"
 
 
 def test_step_budget_stops_mid_epoch_after_evaluating(toy_corpus, tmp_path):
