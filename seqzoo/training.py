@@ -274,7 +274,7 @@ class Trainer:
 
     def _train_epoch(self) -> None:
         cfg, task, state = self.config, self.task, self.state
-        epoch = state["epoch"]
+        epoch, resumed_at = state["epoch"], state["step_in_epoch"]
         batches = task.train_batches(epoch)
         show = cfg.train.progress if cfg.train.progress is not None else sys.stderr.isatty()
         bar = tqdm(
@@ -323,7 +323,7 @@ class Trainer:
                 self._save_last()
         bar.close()
         seconds = time.perf_counter() - start
-        self._end_epoch(epoch, seconds, tokens_seen)
+        self._end_epoch(epoch, seconds, tokens_seen, resumed_at)
 
     def _epoch_loss(self) -> float:
         """The mean training loss of the epoch so far."""
@@ -341,7 +341,7 @@ class Trainer:
             seconds / 60,
         )
 
-    def _end_epoch(self, epoch: int, seconds: float, tokens: int) -> None:
+    def _end_epoch(self, epoch: int, seconds: float, tokens: int, resumed_at: int) -> None:
         cfg, task, state = self.config, self.task, self.state
         dev = task.evaluate("dev")
         value = dev[task.metric]
@@ -357,6 +357,7 @@ class Trainer:
             **{f"dev_{k}": v for k, v in dev.items()},
             "seconds": round(seconds, 3),
             "tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
+            **({"resumed_at_step": resumed_at} if resumed_at else {}),  # seconds and tokens/s: the steps after it
         }
         log.info(
             "epoch %d: train loss %.4f%s, dev %s %.4f%s, %.1fs, %.0f tokens/s",
