@@ -63,8 +63,9 @@ __all__ = [
 
 log = logging.getLogger("seqzoo")
 
-#: Keys of metric records that measure time; they differ between otherwise identical runs.
-TIMING_KEYS = ("seconds", "tokens_per_s")
+#: Keys of metric records about timing (how long, how fast, and the step an interrupted epoch's
+#: timing starts from); they differ between otherwise identical runs.
+TIMING_KEYS = ("seconds", "tokens_per_s", "resumed_at_step")
 
 
 class TrainingError(RuntimeError):

@@ -204,6 +204,8 @@ def test_resume_mid_epoch_reproduces_uninterrupted_run(corpus, tmp_path, monkeyp
     resumed = run(config, tmp_path / "killed", resume=True)
     assert resumed == clean
     assert _records(tmp_path / "killed") == _records(tmp_path / "clean")
+    raw = [json.loads(line) for line in (tmp_path / "killed/metrics.jsonl").read_text().splitlines()]
+    assert [r.get("resumed_at_step") for r in raw] == [None, saved["loop"]["step_in_epoch"], None]  # epoch 2's timing
 
 
 @pytest.mark.parametrize("encoder", ["lstm", "gru", "qrnn"])
