@@ -50,6 +50,7 @@ __all__ = [
     "lengths_from_mask",
     "register_encoder",
     "reverse_padded",
+    "takes_all_real_shortcut",
 ]
 
 
@@ -113,6 +114,12 @@ def check_mask(x: Tensor, mask: Tensor | None) -> Tensor:
     if mask is None:
         return torch.ones(batch, time, dtype=torch.bool, device=x.device)
     return check_padding_mask(mask, (batch, time))
+
+
+def takes_all_real_shortcut(mask: Tensor) -> bool:
+    """Whether an encoder may skip its padding logic: every position is real, and no
+    ``torch.jit.trace`` is recording (a trace must record the general path, right for every mask)."""
+    return not torch.jit.is_tracing() and bool(mask.all())
 
 
 def check_padding_mask(mask: Tensor, shape: tuple[int, int]) -> Tensor:

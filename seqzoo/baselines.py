@@ -32,6 +32,7 @@ from seqzoo.base import (
     lengths_from_mask,
     register_encoder,
     reverse_padded,
+    takes_all_real_shortcut,
 )
 
 __all__ = ["GRU", "LSTM", "TransformerEncoder", "sinusoidal_positions"]
@@ -69,11 +70,11 @@ class _TorchRNN(Encoder):
         mask = self.check_input(x, mask)
         state = tuple(state) if isinstance(state, list) else state  # [h, c] as the other encoders take it
         self._check_state(state, x.shape[0])
-        tracing = torch.jit.is_tracing()  # a trace must record the path that serves every mask
-        if not tracing and bool(mask.all()):
+        if takes_all_real_shortcut(mask):
             return self.rnn(x, state)
         lengths = lengths_from_mask(mask)
         self.rnn.check_input(x, None)  # torch's own dtype error, for both paths (packing hides it)
+        tracing = torch.jit.is_tracing()  # a trace records the packed path, which serves every mask
         if not tracing and self._run_unpacked(x, lengths, state):  # pads are zeroed: NaN * 0 would stay NaN
             out, final = self._unpacked(x.masked_fill(~mask.unsqueeze(-1), 0.0), lengths, state)
         else:  # rows without any real token are run for one (zeroed) step, then restored below

@@ -41,7 +41,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from seqzoo.base import Encoder, State, describe_state, lengths_from_mask, reverse_padded
+from seqzoo.base import Encoder, State, describe_state, lengths_from_mask, reverse_padded, takes_all_real_shortcut
 
 __all__ = ["RecurrentCell", "RecurrentCellEncoder", "StepFn", "compile_failure", "compiled_step"]
 
@@ -136,7 +136,7 @@ class RecurrentCellEncoder(Encoder):
         elif not isinstance(state, Tensor) or tuple(state.shape) != shape:
             raise ValueError(f"state must be a tensor of shape {shape}, got {describe_state(state)}")
         steps = mask.t()  # (T, B)
-        full = not torch.jit.is_tracing() and bool(mask.all())  # a trace records the padded path, right for every mask
+        full = takes_all_real_shortcut(mask)
         lengths = lengths_from_mask(mask)
         layer_input = x.transpose(0, 1)  # (T, B, D): every step's slice is contiguous after prepare
         finals: list[Tensor] = []

@@ -13,6 +13,7 @@ so a crash or an exception never leaves a half-written file: the old file stays 
 from __future__ import annotations
 
 import codecs
+import collections
 import gzip
 import json
 import os
@@ -65,7 +66,7 @@ class LineReader:
     def __init__(self, path: PathLike, stream: IO[bytes] | None = None) -> None:
         self.path = Path(path)
         self.line = 0
-        self._pending: list[str] = []  # the further lines of a raw line that held lone "\r"s
+        self._pending: collections.deque[str] = collections.deque()  # a raw line's lines (lone "\r"s split one)
         self._owned = stream is None  # a stream that was given (standard input) stays open
         self._raw: IO[bytes] = stream if stream is not None else self._open()
 
@@ -80,9 +81,9 @@ class LineReader:
 
     def __next__(self) -> str:
         while not self._pending:  # (a first line of only a byte-order mark holds no line)
-            self._pending = self._split(self._read())
+            self._pending.extend(self._split(self._read()))
         self.line += 1
-        text = self._pending.pop(0)
+        text = self._pending.popleft()
         if "\x00" in text:
             raise self.error(f"NUL character at column {text.index(chr(0)) + 1} (UTF-16 text? save the file as UTF-8)")
         if text.startswith("\ufeff"):
