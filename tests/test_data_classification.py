@@ -185,3 +185,24 @@ def test_a_second_tab_is_refused(tmp_path):
     path.write_text("pos\tgood film\n1\t2.27\tgood film\n")
     with pytest.raises(DataError, match=r"x\.train:2: a second tab: expected LABEL<TAB>TEXT"):
         read_labeled(path)
+
+
+def test_a_header_line_is_refused_not_made_a_class(tmp_path):
+    """A file starting with a header ('label<TAB>text') made a class 'label' of one example."""
+    (tmp_path / "t.train").write_text("label\ttext\npos\tgood film\nneg\tbad film\npos\tfine\n")
+    with pytest.raises(DataError) as info:
+        ClassificationData.from_dir(tmp_path, "t")
+    assert str(info.value).startswith(f"{tmp_path / 't.train'}:1: label 'label' occurs only here")
+    assert "a header line?" in str(info.value)
+    # in a dev or test file the header's label is unknown: the error says so at line 1
+    (tmp_path / "t.train").write_text("pos\tgood film\nneg\tbad film\n")
+    (tmp_path / "t.test").write_text("label\ttext\npos\tok\n")
+    with pytest.raises(DataError, match=r"t\.test:1: unknown label 'label' \(a header line\? the files have none\)"):
+        ClassificationData.from_dir(tmp_path, "t")
+
+
+def test_a_rare_first_label_that_other_splits_share_is_not_a_header(tmp_path):
+    (tmp_path / "t.train").write_text("neutral\tso so\npos\tgood film\nneg\tbad film\n")
+    (tmp_path / "t.dev").write_text("neutral\tmeh\npos\tfine\n")
+    data = ClassificationData.from_dir(tmp_path, "t")
+    assert list(data.labels) == ["neg", "neutral", "pos"]

@@ -87,7 +87,8 @@ class LabelSet:
         try:
             return self._index[label]
         except KeyError:
-            raise DataError(f"unknown label {label!r} (known: {', '.join(self.labels)})", path, line) from None
+            hint = " (a header line? the files have none)" if line == 1 else ""
+            raise DataError(f"unknown label {label!r}{hint} (known: {', '.join(self.labels)})", path, line) from None
 
     def decode(self, i: int) -> str:
         return self.labels[i]
@@ -116,6 +117,19 @@ class LabelSet:
         if not (isinstance(labels, list) and all(isinstance(label, str) for label in labels)):
             raise ValueError("label set 'labels' must be a list of strings")
         return cls(labels)
+
+
+def _refuse_header_line(train: Sequence[LabeledText], every: Sequence[LabeledText]) -> None:
+    """A DataError if train's first line looks like a header: its label occurs nowhere else
+    in any split, so it would become a class of one example."""
+    first = train[0]
+    if len(train) > 1 and sum(ex.label == first.label for ex in every) == 1:
+        raise DataError(
+            f"label {first.label!r} occurs only here, which would make it a class of one example:"
+            " a header line? the format has none (remove it)",
+            first.path,
+            first.line,
+        )
 
 
 def find_split(data_dir: str | PathLike[str], task: str, split: str) -> Path | None:
@@ -237,7 +251,8 @@ class ClassificationData:
         """Load explicit split files. Without ``dev``, a stratified ``dev_fraction`` of train is held out.
 
         The label set is ``labels`` or else the labels of train; a dev or test label outside
-        it raises :class:`DataError` at its file and line.
+        it raises :class:`DataError` at its file and line, and so does a first training line
+        whose label occurs nowhere else (a header line: the format has none).
         """
         train_examples = read_labeled(train)
         labels = labels if labels is not None else LabelSet(ex.label for ex in train_examples)
@@ -247,6 +262,7 @@ class ClassificationData:
             if path is not None:
                 splits[split] = read_labeled(path)
                 sources[split] = str(path)
+        _refuse_header_line(train_examples, [ex for examples in splits.values() for ex in examples or ()])
         for examples in splits.values():
             for ex in examples or ():
                 labels.encode(ex.label, ex.path, ex.line)
