@@ -26,12 +26,13 @@ import inspect
 import numbers
 import types
 import typing
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from seqzoo._warn import warn_user
 
 State = Any  # Tensor | tuple[State, ...] | list[State] | None
 
@@ -145,9 +146,7 @@ def check_layer_dropout(dropout: float, num_layers: int) -> float:
     """``dropout`` between the layers of a stack, checked; with one layer it has no effect, which
     warns as ``torch.nn.LSTM`` does."""
     if check_rate("dropout", dropout) > 0 and num_layers == 1:
-        warnings.warn(
-            f"dropout={dropout} has no effect with num_layers=1: it applies between layers", UserWarning, stacklevel=3
-        )
+        warn_user(f"dropout={dropout} has no effect with num_layers=1: it applies between layers")
     return dropout
 
 

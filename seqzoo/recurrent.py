@@ -34,13 +34,13 @@ bit for bit (it is still reproducible from its seed).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
 
+from seqzoo._warn import warn_user
 from seqzoo.base import Encoder, State, describe_state, lengths_from_mask, reverse_padded, takes_all_real_shortcut
 
 __all__ = ["RecurrentCell", "RecurrentCellEncoder", "StepFn", "compile_failure", "compiled_step"]
@@ -77,11 +77,10 @@ def compiled_step(step: StepFn) -> StepFn:
                 return compiled(x_t, h)
             except Exception as error:  # any backend failure; an error in the step itself recurs below
                 _compile_failure = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
-                warnings.warn(
+                warn_user(
                     f"compile_step: torch.compile of the recurrent step failed ({_compile_failure}); "
                     "running it eagerly",
                     RuntimeWarning,
-                    stacklevel=2,
                 )
         return step(x_t, h)
 

@@ -388,8 +388,9 @@ def test_repr_shows_the_hyperparameters():
 @pytest.mark.parametrize("name", ["lstm", "gru", "qrnn", "dense_lstm"])
 def test_dropout_between_layers_of_a_single_layer_warns(name):
     """As torch.nn.LSTM warns (seqzoo passes it 0 with one layer, which hid torch's warning)."""
-    with pytest.warns(UserWarning, match=r"dropout=0\.3 has no effect with num_layers=1"):
+    with pytest.warns(UserWarning, match=r"dropout=0\.3 has no effect with num_layers=1") as record:
         build_encoder(name, 6, hidden_size=4, num_layers=1, dropout=0.3)
+    assert [w.filename for w in record] == [__file__]  # the user's line, not seqzoo's
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         build_encoder(name, 6, hidden_size=4, num_layers=2, dropout=0.3)

@@ -10,6 +10,7 @@ import warnings
 import pytest
 import torch
 
+from seqzoo import build_encoder
 from seqzoo.kernels.qrnn_pool import (
     POOLINGS,
     pool_backend,
@@ -84,9 +85,14 @@ def test_fallback_warns_when_compiled_kernel_is_missing(monkeypatch):
     monkeypatch.setattr(pool_module, "_compiled_library", lambda: "cannot load _qrnn_pool.so (test)")
     assert pool_backend() == "reference"
     gates, lengths, c0, kwargs = _inputs("fo", "none")
-    with pytest.warns(RuntimeWarning, match="cannot load _qrnn_pool.so"):
+    with pytest.warns(RuntimeWarning, match="cannot load _qrnn_pool.so") as record:
         h, _ = qrnn_pool(gates, lengths, c0, **kwargs)
     assert torch.allclose(h, qrnn_pool_reference(gates, lengths, c0, **kwargs)[0])
+    # the warning names the user's line, not torch's compiler wrapper or the encoder's internals
+    assert [w.filename for w in record] == [__file__]
+    with pytest.warns(RuntimeWarning, match="cannot load _qrnn_pool.so") as record:
+        build_encoder("qrnn", 4, hidden_size=3)(torch.randn(2, 5, 4))
+    assert [w.filename for w in record] == [__file__]
 
 
 def test_reference_on_request_does_not_warn(monkeypatch):

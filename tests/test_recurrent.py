@@ -147,8 +147,11 @@ def test_a_failed_compile_falls_back_to_the_eager_step_with_a_warning(monkeypatc
     monkeypatch.setattr(torch, "compile", broken_compile)
     eager, compiled = eager_and_compiled("gru_ln")
     x, mask = padded_batch()
-    with pytest.warns(RuntimeWarning, match=r"compile_step: .*RuntimeError: no C\+\+ compiler\); running it eagerly"):
+    with pytest.warns(
+        RuntimeWarning, match=r"compile_step: .*RuntimeError: no C\+\+ compiler\); running it eagerly"
+    ) as record:
         got = run_with_gradients(compiled, x, mask)
+    assert [w.filename for w in record] == [__file__]  # the user's line, not seqzoo's or torch's
     for a, b in zip(got, run_with_gradients(eager, x, mask), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     with warnings.catch_warnings():

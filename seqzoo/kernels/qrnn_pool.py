@@ -34,7 +34,6 @@ import ctypes
 import functools
 import os
 import sysconfig
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -42,6 +41,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 from torch.nn import functional as F
+
+from seqzoo._warn import warn_user
 
 __all__ = ["POOLINGS", "pool_backend", "qrnn_layer", "qrnn_pool", "qrnn_pool_compiled", "qrnn_pool_reference"]
 
@@ -471,9 +472,8 @@ def qrnn_pool(
 
         return qrnn_pool_triton(gates, lengths, c0, **kwargs)
     if os.environ.get("SEQZOO_QRNN_BACKEND", "auto") != "reference":
-        warnings.warn(
+        warn_user(
             f"seqzoo: fused QRNN pooling unavailable ({_fallback_reason(gates)}); using the slower PyTorch reference",
             RuntimeWarning,
-            stacklevel=2,
         )
     return qrnn_pool_reference(gates, lengths, c0, **kwargs)
