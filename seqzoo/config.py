@@ -302,12 +302,17 @@ def config_to_dict(config: RunConfig) -> dict[str, Any]:
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML keeps
-    the last silently, so a config that sets a key twice would train with the one read last)."""
+    the last silently, so a config that sets a key twice would train with the one read last).
+
+    A merge key (``<<: *base``) is one key of its mapping; the keys it brings in may be set again
+    there, which is what merging is for (the mapping's own value wins)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
+            # the merge key has no constructor of its own: SafeLoader resolves it while flattening
+            merge = key_node.tag == "tag:yaml.org,2002:merge"
+            key = "<<" if merge else self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     "while reading a mapping", node.start_mark, f"found key {key!r} twice", key_node.start_mark
