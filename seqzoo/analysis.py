@@ -58,9 +58,10 @@ def hidden_states(task, text: str, channels: int | None = None) -> HiddenStates:
     ids, mask = pad_batch([task.vocab.encode(tokens)])
     was_training = model.training
     model.eval()
-    outputs, _ = model.encoder(model.embedding(ids), mask)  # (1, T, D)
+    device = model.embedding.weight.device
+    outputs, _ = model.encoder(model.embedding(ids.to(device)), mask.to(device))  # (1, T, D)
     model.train(was_training)
-    states = outputs[0]
+    states = outputs[0].cpu()
     keep = torch.arange(states.shape[1])
     if channels is not None:
         if channels < 1:

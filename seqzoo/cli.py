@@ -261,7 +261,7 @@ def _import_modules(modules: list[str]) -> None:
             raise ConfigError(f"--import {name}: {err}") from None
 
 
-MOVED_DATA_HELP = "where the run's data lies now, e.g. data.data_dir=DIR (data paths only)"
+MOVED_DATA_HELP = "where the run's data lies now (data.data_dir=DIR; data paths only), or train.device=cpu|cuda"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import math
 import os
+import re
 import types
 import typing
 from collections.abc import Iterator, Mapping
@@ -192,12 +193,15 @@ class TrainConfig:
     threads: int | None = None  # torch.set_num_threads
     progress: bool | None = None  # None = only on a terminal
     log_every: int | None = 100  # without a progress bar: a log line every this many steps (None = off)
+    device: str = "auto"  # "auto" (the GPU when torch sees one, else the CPU), "cpu", "cuda" or "cuda:N"
 
     def __post_init__(self) -> None:
         names = ("epochs", "max_steps", "batch_size", "eval_batch_size", "patience", "threads", "log_every")
         _require(self, positive=names, non_negative=("checkpoint_every",))
         if len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"seeds: each seed once, got {self.seeds}")
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ConfigError(f"device: must be auto, cpu, cuda or cuda:N, got {self.device!r}")
 
 
 @dataclass

@@ -71,8 +71,8 @@ def zone_relevance(task, text: str, depth: int = 0) -> ZoneRelevance:
         raise ValueError("the text needs at least two characters")
     was_training = task.model.training
     task.model.eval()
-    ids = torch.tensor([task.vocab.encode(list(text))])
-    candidates, states = encoder.trace(task.model.embedding(ids))
+    ids = torch.tensor([task.vocab.encode(list(text))], device=task.model.embedding.weight.device)
+    candidates, states = (t.cpu() for t in encoder.trace(task.model.embedding(ids)))
     task.model.train(was_training)
     if not 0 <= depth < candidates.shape[2]:
         raise ValueError(f"depth must be in [0, {candidates.shape[2] - 1}], got {depth}")

@@ -154,16 +154,19 @@ def load_task(sub_run: str | Path, with_data: bool = True, data_paths: Sequence[
     """Rebuild a trained task from ``sub_run/best`` (safetensors + JSON; nothing is unpickled).
 
     ``data_paths``: ``key=value`` overrides of where the data lies (:data:`~seqzoo.config.DATA_PATHS`),
-    for a run whose data has moved since training; other keys are a :class:`ConfigError`.
+    for a run whose data has moved since training, and of ``train.device`` (e.g. a run trained on a
+    GPU evaluated on the CPU); other keys are a :class:`ConfigError`.
     """
     best = resolve_checkpoint(Path(sub_run) / "best")
     if best is None:
         raise FileNotFoundError(f"{sub_run}: no best/ checkpoint")
     values = read_json(best / "config.json")
     for assignment in data_paths:
-        if assignment.split("=", 1)[0].strip() not in DATA_PATHS:
+        if assignment.split("=", 1)[0].strip() not in (*DATA_PATHS, "train.device"):
             paths = ", ".join(DATA_PATHS)
-            raise ConfigError(f"--set {assignment}: a trained run can only be pointed at its data ({paths})")
+            raise ConfigError(
+                f"--set {assignment}: a trained run can only be pointed at its data ({paths}) or device (train.device)"
+            )
         apply_override(values, assignment)
     config = config_from_dict(values)
     return task_module(config.task).load_trained(config, best, with_data=with_data)

@@ -46,8 +46,8 @@ def assert_padding_invariant(encoder: Encoder, lengths: list[int], atol: float =
     """Each row of a padded batch gives the outputs (and final state) of that row run alone."""
     gen = torch.Generator().manual_seed(seed)
     batch, time = len(lengths), max(lengths)
-    x = torch.randn(batch, time, encoder.input_size, generator=gen, dtype=_dtype(encoder))
-    mask = torch.arange(time).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
+    x = _randn(encoder, gen, batch, time)
+    mask = (torch.arange(time).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)).to(x.device)
     out, state = encoder(x, mask)
     if out.shape != (batch, time, encoder.output_size):
         raise AssertionError(f"output shape {tuple(out.shape)} != {(batch, time, encoder.output_size)}")
@@ -55,7 +55,7 @@ def assert_padding_invariant(encoder: Encoder, lengths: list[int], atol: float =
     for b, n in enumerate(lengths):
         if n == 0:
             continue
-        alone, alone_state = encoder(x[b : b + 1, :n], torch.ones(1, n, dtype=torch.bool))
+        alone, alone_state = encoder(x[b : b + 1, :n], torch.ones(1, n, dtype=torch.bool, device=x.device))
         _close(out[b, :n], alone[0], atol, f"row {b} (length {n}) padded vs alone")
         for s_batch, s_alone in zip(_flat(state), _flat(alone_state), strict=True):
             if batch > 1:
@@ -67,12 +67,12 @@ def assert_padding_invariant(encoder: Encoder, lengths: list[int], atol: float =
 def assert_batch_invariant(encoder: Encoder, atol: float = 1e-5, seed: int = 0) -> None:
     """Outputs of a row do not depend on which other rows share the batch."""
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(6, 9, encoder.input_size, generator=gen, dtype=_dtype(encoder))
-    mask = torch.arange(9).unsqueeze(0) < torch.tensor([9, 4, 7, 1, 9, 5]).unsqueeze(1)
+    x = _randn(encoder, gen, 6, 9)
+    mask = (torch.arange(9).unsqueeze(0) < torch.tensor([9, 4, 7, 1, 9, 5]).unsqueeze(1)).to(x.device)
     full, _ = encoder(x, mask)
     part, _ = encoder(x[1:4], mask[1:4])
     _close(full[1:4], part, atol, "rows 1..3 in a batch of 6 vs a batch of 3")
-    order = torch.tensor([5, 3, 1, 0, 4, 2])
+    order = torch.tensor([5, 3, 1, 0, 4, 2], device=x.device)
     shuffled, _ = encoder(x[order], mask[order])
     _close(full[order], shuffled, atol, "shuffled batch")
 
@@ -83,7 +83,7 @@ def assert_stateful_chunks(
     """Running a sequence chunk by chunk, carrying (detached) state, equals one whole run."""
     gen = torch.Generator().manual_seed(seed)
     time = sum(chunks)
-    x = torch.randn(3, time, encoder.input_size, generator=gen, dtype=_dtype(encoder))
+    x = _randn(encoder, gen, 3, time)
     whole, whole_state = encoder(x)
     state, pieces, start = None, [], 0
     for n in chunks:
@@ -110,6 +110,10 @@ def assert_contract(encoder: Encoder, atol: float = 1e-5) -> None:
         encoder.train(was_training)
 
 
-def _dtype(encoder: Encoder) -> torch.dtype:
+def _randn(encoder: Encoder, gen: torch.Generator, batch: int, time: int) -> Tensor:
+    """(batch, time, input_size) normal input, drawn on the CPU (the same values on every device)
+    in the dtype and on the device of the encoder's parameters."""
     param = next(encoder.parameters(), None)
-    return param.dtype if param is not None else torch.get_default_dtype()
+    dtype = param.dtype if param is not None else torch.get_default_dtype()
+    x = torch.randn(batch, time, encoder.input_size, generator=gen, dtype=dtype)
+    return x if param is None else x.to(param.device)

@@ -45,7 +45,7 @@ from seqzoo.checkpoint import (
     save_checkpoint_dir,
     split_tensors,
 )
-from seqzoo.config import OptimConfig, RunConfig, TrainConfig, config_to_dict
+from seqzoo.config import ConfigError, OptimConfig, RunConfig, TrainConfig, config_to_dict
 from seqzoo.data.io import atomic_write_text, read_json
 from seqzoo.plots import plot_curves
 
@@ -55,6 +55,8 @@ __all__ = [
     "Trainer",
     "TrainingError",
     "build_optimizer",
+    "model_device",
+    "resolve_device",
     "scheduled_lr",
     "set_seed",
     "stop_reason",
@@ -106,6 +108,28 @@ class Task(Protocol):
 
     def documents(self) -> dict[str, Any]:
         """JSON documents saved beside the model (vocabulary, labels, ...)."""
+
+
+def resolve_device(spec: str) -> torch.device:
+    """``train.device`` as a torch device: "auto" is the GPU when torch sees one, else the CPU; a
+    CUDA device that is not there is a :class:`ConfigError` that says how to run on the CPU."""
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(spec)
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (device.index or 0) >= count:
+            raise ConfigError(
+                f"train.device is {spec!r} but torch sees {count} CUDA device(s) here; "
+                "run with --set train.device=cpu (or auto)"
+            )
+    return device
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """Where ``model``'s parameters live (the CPU for a model without any)."""
+    param = next(model.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
 
 
 def set_seed(seed: int) -> None:
@@ -203,6 +227,9 @@ class Trainer:
         optim_skeleton, optim_tensors = split_tensors(self.optimizer.state_dict())
         extra_skeleton, extra_tensors = split_tensors(getattr(self.task, "extra_state", dict)())
         rng = {"torch": torch.get_rng_state()}
+        device = model_device(self.task.model)
+        if device.type == "cuda":  # dropout and zoneout on the GPU draw from its own generator
+            rng["cuda"] = torch.cuda.get_rng_state(device)
         save_checkpoint_dir(
             self.run_dir / "last",
             {"model": _model_tensors(self.task.model), "optimizer": optim_tensors, "rng": rng, "extra": extra_tensors},
@@ -235,7 +262,17 @@ class Trainer:
         self.optimizer.load_state_dict(_int_keys(optim_state))
         if hasattr(self.task, "load_extra_state"):
             self.task.load_extra_state(join_tensors(doc["extra"], load_tensors(path / "extra.safetensors")))
-        torch.set_rng_state(load_tensors(path / "rng.safetensors")["torch"])
+        rng = load_tensors(path / "rng.safetensors")
+        torch.set_rng_state(rng["torch"])
+        device = model_device(self.task.model)
+        if device.type == "cuda" and "cuda" in rng:
+            torch.cuda.set_rng_state(rng["cuda"], device)
+        elif (device.type == "cuda") != ("cuda" in rng):
+            log.warning(
+                "resuming on %s a run saved on another kind of device: from here on its random draws "
+                "(dropout, zoneout) differ from those of an uninterrupted run",
+                device,
+            )
         random.setstate(_tuples(doc["python_rng"]))
         self.state = doc["loop"]
         # Drop metric records written after this checkpoint (the run died before saving again).
@@ -254,6 +291,9 @@ class Trainer:
         cfg = self.config
         resolved = yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
         atomic_write_text(self.run_dir / "config.yaml", resolved)
+        device = model_device(self.task.model)
+        name = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
+        log.info("training on %s%s", device, name)
         if resume and self._load_last():
             state = self.state
             log.info("resumed %s at epoch %d, step %d", self.run_dir, state["epoch"] + 1, state["step_in_epoch"])

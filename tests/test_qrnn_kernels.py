@@ -38,7 +38,7 @@ def _inputs(pooling: str, zoneout: str, dtype: torch.dtype = torch.float32, shap
 def _values_and_grads(fn, gates, lengths, c0, kwargs, reverse):
     h, c = fn(gates, lengths, c0, reverse=reverse, **kwargs)
     gen = torch.Generator().manual_seed(1)
-    weights = [torch.randn(t.shape, generator=gen, dtype=t.dtype) for t in (h, c)]
+    weights = [torch.randn(t.shape, generator=gen, dtype=t.dtype).to(t.device) for t in (h, c)]
     loss = (h * weights[0]).sum() + (c * weights[1]).sum()
     return (h, c, *torch.autograd.grad(loss, (gates, c0)))
 
@@ -125,6 +125,15 @@ def interpreted_triton(monkeypatch):
 )
 def test_triton_interpreter_matches_reference(interpreted_triton, pooling, zoneout, reverse):
     _assert_matches_reference(interpreted_triton, pooling, zoneout, reverse)
+
+
+@pytest.mark.parametrize("pooling", list(POOLINGS))
+def test_triton_interpreter_gradcheck_float64(interpreted_triton, pooling):
+    """Float64 gates make the kernels compute in float64, so they pass a float64 gradcheck."""
+    for reverse, zoneout in ((False, "train"), (True, "eval")):  # (small: the interpreter is slow)
+        gates, lengths, c0, kwargs = _inputs(pooling, zoneout, torch.float64, shape=(2, 3, 2))
+        pool = functools.partial(interpreted_triton, lengths=lengths, reverse=reverse, **kwargs)
+        assert torch.autograd.gradcheck(lambda g, c, pool=pool: pool(g, c0=c), (gates, c0))
 
 
 def test_triton_double_backward_goes_through_the_reference(interpreted_triton):

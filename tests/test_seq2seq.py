@@ -251,6 +251,7 @@ def test_lstm_decoder_gradcheck():
     assert torch.autograd.gradcheck(run, (memory, *finals))
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_beam_search_on_cuda_equals_cpu():
     model = _model(1)

@@ -565,3 +565,27 @@ def test_a_checkpoint_whose_config_was_edited_is_a_clear_error(toy_corpus, tmp_p
     assert main(["evaluate", str(run_dir)]) == 2
     err = capsys.readouterr().err
     assert "model.safetensors: the weights do not fit the model its config describes (size mismatch for" in err
+
+
+def test_train_device_is_checked_and_a_missing_gpu_is_a_clear_error(toy_corpus, tmp_path, capsys):
+    from seqzoo.config import ConfigError, TrainConfig
+    from seqzoo.training import resolve_device
+
+    for bad in ("gpu", "cuda:", "CPU", "mps"):
+        with pytest.raises(ConfigError, match="device: must be auto, cpu, cuda or cuda:N"):
+            TrainConfig(device=bad)
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    config = _config_yaml(toy_corpus, tmp_path)
+    run_dir = tmp_path / "r"
+    cpu = ["--set", "train.device=cpu", "--set", "train.epochs=1"]
+    assert main(["train", str(config), "--run-dir", str(run_dir), *cpu]) == 0
+    assert "training on cpu" in (run_dir / "train.log").read_text()
+    capsys.readouterr()
+    assert main(["evaluate", str(run_dir), "--set", "train.device=cpu"]) == 0  # a device may be named on reloading
+    if torch.cuda.is_available():
+        return
+    assert main(["evaluate", str(run_dir), "--set", "train.device=cuda:0"]) == 2
+    err = capsys.readouterr().err
+    assert "train.device is 'cuda:0' but torch sees 0 CUDA device(s) here; run with --set train.device=cpu" in err
+    assert main(["train", str(config), "--run-dir", str(tmp_path / "gpu"), "--set", "train.device=cuda"]) == 2

@@ -26,13 +26,36 @@ def non_negative_int(text: str) -> int:
     return _int_at_least(text, 0)
 
 
-def sgemm_flops_per_s(size: int = 2048, repeats: int = 5) -> float:
-    """The machine's fp32 matmul rate: the best of ``repeats`` ``size``³ products (FLOP/s)."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
+def device_arg(text: str) -> torch.device:
+    """An ``argparse`` type: a torch device that exists here ("cpu", "cuda", "cuda:1")."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"expected a device such as cpu or cuda, got {text!r}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"benchmarks run on cpu or cuda, got {text!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text}: torch sees no CUDA device here")
+    return device
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (a no-op on the CPU): a host clock read after it is honest."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def sgemm_flops_per_s(size: int = 2048, repeats: int = 5, device: torch.device | str = "cpu") -> float:
+    """The device's fp32 matmul rate (under torch's matmul precision setting): the best of
+    ``repeats`` ``size``³ products (FLOP/s)."""
+    device = torch.device(device)
+    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
     a @ b
     best = float("inf")
     for _ in range(repeats):
+        synchronize(device)
         start = time.perf_counter()
         a @ b
+        synchronize(device)
         best = min(best, time.perf_counter() - start)
     return 2 * size**3 / best

@@ -15,6 +15,11 @@ matmul rate measured before the first shape (:func:`seqzoo.bench.sgemm_flops_per
 on different machines can be compared. ``sru`` (PyPI ``sru``) is measured when installed; on CPU
 its training path (forward with autograd, backward) is SRU's own Python loop over time, its
 inference path a compiled kernel.
+
+``--device cuda`` measures on the GPU: ``lstm`` and ``gru`` are then cuDNN's, the QRNN pools with
+the Triton kernel, every timing waits for the GPU's queued work, ``sgemm_gflops`` is the GPU's
+rate (4096³, under torch's float32 matmul precision, which ``--tf32`` lowers to TF32 for cuBLAS
+and cuDNN alike) and rows carry ``device`` and ``tf32``.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from seqzoo.base import available_encoders, build_encoder
-from seqzoo.bench import non_negative_int, positive_int, sgemm_flops_per_s
+from seqzoo.bench import device_arg, non_negative_int, positive_int, sgemm_flops_per_s, synchronize
 from seqzoo.kernels import pool_backend
 from seqzoo.kernels.qrnn_pool import _Kernel, qrnn_pool
 from seqzoo.qrnn import QRNN
@@ -84,16 +89,19 @@ class _TimeFirst(nn.Module):
         return out.transpose(0, 1), state
 
 
-def _timer(fn: Callable[[], object]) -> Callable[[], float]:
+def _timer(fn: Callable[[], object], device: torch.device) -> Callable[[], float]:
     def run() -> float:
+        synchronize(device)
         start = time.perf_counter()
         fn()
+        synchronize(device)
         return time.perf_counter() - start
 
     return run
 
 
 def _encoder_cases(model: nn.Module, x: Tensor) -> dict[str, Callable[[], float]]:
+    device = x.device
     params = [p for p in model.parameters() if p.requires_grad]
     x_grad = x.detach().requires_grad_(True)
     grad_out = torch.randn_like(model(x)[0].detach())
@@ -108,31 +116,38 @@ def _encoder_cases(model: nn.Module, x: Tensor) -> dict[str, Callable[[], float]
         out = model(x_grad)[0]
         torch.autograd.grad(out, [x_grad, *params], grad_out)
 
-    return {"fwd": _timer(fwd), "fwd_bwd": _timer(fwd_bwd)}
+    return {"fwd": _timer(fwd, device), "fwd_bwd": _timer(fwd_bwd, device)}
 
 
 def _qrnn_cases(model: QRNN, x: Tensor) -> dict[str, Callable[[], float]]:
     """The GEMM bound of the QRNN projection and the fused pooling alone, on the same shapes."""
     layer = model.layers[0][0]
     batch, seq_len, _ = x.shape
+    device = x.device
     inputs = x.reshape(batch * seq_len, -1).repeat(1, layer.window)  # (B*T, k*n) like the window matrix
     weight, bias = layer.linear.weight.detach(), layer.linear.bias.detach()
-    grad_gates = torch.randn(batch * seq_len, weight.shape[0])
-    lengths = torch.full((batch,), seq_len, dtype=torch.int64)
-    grad_h, grad_c = torch.randn(batch, seq_len, layer.hidden_size), torch.zeros(batch, layer.hidden_size)
+    grad_gates = torch.randn(batch * seq_len, weight.shape[0], device=device)
+    lengths = torch.full((batch,), seq_len, dtype=torch.int64, device=device)
+    grad_h = torch.randn(batch, seq_len, layer.hidden_size, device=device)
+    grad_c = torch.zeros(batch, layer.hidden_size, device=device)
+    fused = pool_backend(device.type) == "compiled"
     # The compiled layer's fused kernel on its own buffer (turned into activations, then gradients, in
     # place; its run time does not depend on the values).
-    kernel = _Kernel(
-        grad_gates.clone(),
-        seq_len,
-        bias,
-        lengths,
-        None,
-        None,
-        1.0,
-        layer.pooling,
-        False,
-        (batch, seq_len, layer.hidden_size),
+    kernel = (
+        _Kernel(
+            grad_gates.clone(),
+            seq_len,
+            bias,
+            lengths,
+            None,
+            None,
+            1.0,
+            layer.pooling,
+            False,
+            (batch, seq_len, layer.hidden_size),
+        )
+        if fused
+        else None
     )
 
     def gemm() -> None:
@@ -150,7 +165,7 @@ def _qrnn_cases(model: QRNN, x: Tensor) -> dict[str, Callable[[], float]]:
         h, c = qrnn_pool(gates, lengths, pooling=layer.pooling)
         torch.autograd.grad((h, c), gates, (grad_h, grad_c))
 
-    return {"gemm": _timer(gemm), "pool": _timer(fused_pool if pool_backend("cpu") == "compiled" else pool)}
+    return {"gemm": _timer(gemm, device), "pool": _timer(fused_pool if fused else pool, device)}
 
 
 def measure(
@@ -161,15 +176,17 @@ def measure(
     window: int,
     threads: int,
     pooling: str,
+    device: torch.device | str = "cpu",
 ) -> list[dict]:
     """One result row per encoder for one shape (see the module docstring)."""
     batch, seq_len, hidden = shape
+    device = torch.device(device)
     torch.manual_seed(0)
-    x = torch.randn(batch, seq_len, hidden)
+    x = torch.randn(batch, seq_len, hidden).to(device)
     cases: dict[tuple[str, str], Callable[[], float]] = {}
     qrnn_layer = None
     for name in encoders:
-        model = _build(name, hidden, window, pooling)
+        model = _build(name, hidden, window, pooling).to(device)
         for kind, run in _encoder_cases(model, x).items():
             cases[name, kind] = run
         if name == "qrnn":
@@ -195,6 +212,7 @@ def measure(
             "seq_len": seq_len,
             "hidden": hidden,
             "threads": threads,
+            "device": device.type,
             "fwd_tokens_per_s": round(tokens / seconds(name, "fwd"), 1),
             "fwd_bwd_tokens_per_s": round(tokens / seconds(name, "fwd_bwd"), 1),
         }
@@ -202,7 +220,7 @@ def measure(
             row.update(
                 window=qrnn_layer.window,  # as built and timed, not as asked for
                 pooling=qrnn_layer.pooling,
-                backend=pool_backend("cpu"),
+                backend=pool_backend(device.type),
                 gemm_bound_fwd_bwd_tokens_per_s=round(tokens / seconds(name, "gemm"), 1),
             )
             row["pooling_share"] = round(seconds(name, "pool") / seconds(name, "fwd_bwd"), 4)
@@ -246,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=positive_int, default=5, help="timed runs per measurement (median)")
     parser.add_argument("--warmup", type=non_negative_int, default=2, help="untimed runs first (default 2)")
     parser.add_argument("--threads", type=positive_int, default=2, help="torch.set_num_threads (default 2)")
+    parser.add_argument("--device", type=device_arg, default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--tf32", action="store_true", help="on CUDA: TF32 matmuls in cuBLAS and cuDNN alike")
     args = parser.parse_args(argv)
     encoders = list(dict.fromkeys(args.encoders))  # a name given twice is measured once
     if "sru" in encoders:
@@ -255,13 +275,17 @@ def main(argv: list[str] | None = None) -> int:
             print("sru is not installed (pip install 'seqzoo[bench]'); skipping it", file=sys.stderr)
             encoders.remove("sru")
     torch.set_num_threads(args.threads)
+    if args.device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32
+    tf32 = {"tf32": args.tf32} if args.device.type == "cuda" else {}
     rows = []
-    sgemm = round(sgemm_flops_per_s() / 1e9, 1)  # the machine's rate, which a GEMM-bound QRNN follows
+    size = 4096 if args.device.type == "cuda" else 2048
+    sgemm = round(sgemm_flops_per_s(size, device=args.device) / 1e9, 1)  # the rate a GEMM-bound QRNN follows
     for shape in args.shapes:
         for row in measure(
-            encoders, shape, args.repeats, args.warmup, args.qrnn_window, args.threads, args.qrnn_pooling
+            encoders, shape, args.repeats, args.warmup, args.qrnn_window, args.threads, args.qrnn_pooling, args.device
         ):
-            rows.append({**row, "sgemm_gflops": sgemm})
+            rows.append({**row, **tf32, "sgemm_gflops": sgemm})
             if args.json:
                 print(json.dumps(rows[-1]), flush=True)
     if not args.json:

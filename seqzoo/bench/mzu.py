@@ -17,6 +17,9 @@ same run, so load from other processes lowers both sides alike as far as possibl
 ``torch.compile``, :mod:`seqzoo.recurrent`); the untimed warm-up step then includes compiling. A
 record says ``compile_step`` only for a step that ran compiled: a failed compile (which warns)
 falls back to eager, and the record says false.
+
+``--device cuda`` times the steps on the GPU (each step waits for the GPU's queued work) and
+measures the GPU's sgemm rate (4096³) instead.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from seqzoo.base import Encoder, detach_state
-from seqzoo.bench import positive_int, sgemm_flops_per_s
+from seqzoo.bench import device_arg, positive_int, sgemm_flops_per_s, synchronize
 from seqzoo.dtgru import DeepTransitionGRU
 from seqzoo.mzu import MZU
 from seqzoo.recurrent import compile_failure
@@ -95,11 +98,13 @@ class _CharLM(nn.Module):
 def _time_training(lm: _CharLM, batch: int, bptt: int, repeats: int) -> float:
     """Median seconds of one TBPTT training step (after one warm-up step)."""
     optimizer = torch.optim.Adam(lm.parameters(), lr=1e-3)
+    device = lm.decoder.weight.device
     gen = torch.Generator().manual_seed(0)
     state = None
     times = []
     for i in range(repeats + 1):
-        chars = torch.randint(VOCAB, (batch, bptt + 1), generator=gen)
+        chars = torch.randint(VOCAB, (batch, bptt + 1), generator=gen).to(device)
+        synchronize(device)
         start = time.perf_counter()
         outputs, state = lm.encoder(lm.embedding(chars[:, :-1]), state=state)
         loss = F.cross_entropy(lm.decoder(outputs).flatten(0, 1), chars[:, 1:].flatten())
@@ -111,6 +116,7 @@ def _time_training(lm: _CharLM, batch: int, bptt: int, repeats: int) -> float:
         torch.nn.utils.clip_grad_norm_(lm.parameters(), 5.0)
         optimizer.step()
         state = detach_state(state)
+        synchronize(device)
         if i:
             times.append(time.perf_counter() - start)
     return statistics.median(times)
@@ -124,13 +130,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--composition", choices=["sat", "gcn", "cap"], default="cap")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--compile-step", action="store_true", help="the recurrent steps through torch.compile")
+    parser.add_argument("--device", type=device_arg, default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)
-    sgemm = [sgemm_flops_per_s()]
+    size = 4096 if args.device.type == "cuda" else 2048
+
+    def sgemm_rate() -> float:
+        return sgemm_flops_per_s(size, device=args.device)
+
+    sgemm = [sgemm_rate()]
     mzu = MZU(
         EMBEDDING, HIDDEN, dropout=0.5, composition=args.composition, num_zones=4, filter_size=FILTER,
         capsules=2, routing_iters=3, transition_depth=1, share_transition=True, disagreement=1.0,
@@ -143,10 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     ]
     results = []
     for name, lm, encoder_flops in models:
-        seconds = _time_training(lm, args.batch, args.bptt, args.repeats)
+        seconds = _time_training(lm.to(args.device), args.batch, args.bptt, args.repeats)
         flops_per_char = 3 * (encoder_flops + 2 * HIDDEN * VOCAB)
         results.append((name, lm, seconds, flops_per_char))
-    sgemm.append(sgemm_flops_per_s())
+    sgemm.append(sgemm_rate())
     peak = max(sgemm)
     for name, lm, seconds, flops_per_char in results:
         chars_per_s = args.batch * args.bptt / seconds
@@ -156,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             "batch": args.batch,
             "bptt": args.bptt,
             "threads": torch.get_num_threads(),
+            "device": args.device.type,
             "compile_step": args.compile_step and compile_failure() is None,  # false after a fallback
             "step_s": round(seconds, 3),
             "chars_per_s": round(chars_per_s, 1),

@@ -2,7 +2,9 @@
 
 One program per (batch row, block of channels) runs the recurrence over time; activations and
 zoneout are fused, the backward is the reverse-time recurrence recomputing the activations from
-the saved gates. Imported only for CUDA tensors (or under ``TRITON_INTERPRET=1`` in tests).
+the saved gates. Arithmetic is in float32 (float16/bfloat16 gates are widened, the outputs
+stored in the gates' dtype), or float64 for float64 gates. Imported only for CUDA tensors (or
+under ``TRITON_INTERPRET=1`` in tests).
 """
 
 from __future__ import annotations
@@ -59,32 +61,33 @@ if triton is not None:
         HAS_KEEP: tl.constexpr,
         SAVE_C: tl.constexpr,
         BLOCK: tl.constexpr,
+        ACC: tl.constexpr,
     ):
         b = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         valid = cols < H
         length = tl.load(lengths + b)
         if HAS_C0:
-            c = tl.load(c0 + b * H + cols, mask=valid, other=0.0).to(tl.float32)
+            c = tl.load(c0 + b * H + cols, mask=valid, other=0.0).to(ACC)
         else:
-            c = tl.full([BLOCK], 0.0, tl.float32)
+            c = tl.full([BLOCK], 0.0, ACC)
         for t in range(length, T):  # pads: zero outputs
-            tl.store(h + (b * T + t) * H + cols, tl.full([BLOCK], 0.0, tl.float32), mask=valid)
+            tl.store(h + (b * T + t) * H + cols, tl.full([BLOCK], 0.0, ACC), mask=valid)
         for s in range(0, length):
             row = b * T + (length - 1 - s if REVERSE else s)
             g = gates + row * G * H + cols
-            z = _tanh(tl.load(g, mask=valid, other=0.0).to(tl.float32))  # eq. 1
-            scale = tl.full([BLOCK], keep_prob, tl.float32)
+            z = _tanh(tl.load(g, mask=valid, other=0.0).to(ACC))  # eq. 1
+            scale = tl.full([BLOCK], keep_prob, ACC)
             if HAS_KEEP:  # eq. 6: zoned-out channels get f = 1 (and i = 0 with ifo: they keep their state)
-                scale = scale * tl.load(keep + row * H + cols, mask=valid, other=0).to(tl.float32)
-            leak = (1.0 - _sigmoid(tl.load(g + H, mask=valid, other=0.0).to(tl.float32))) * scale
+                scale = scale * tl.load(keep + row * H + cols, mask=valid, other=0).to(ACC)
+            leak = (1.0 - _sigmoid(tl.load(g + H, mask=valid, other=0.0).to(ACC))) * scale
             if POOLING == 2:
-                c = (1.0 - leak) * c + _sigmoid(tl.load(g + 3 * H, mask=valid, other=0.0).to(tl.float32)) * scale * z
+                c = (1.0 - leak) * c + _sigmoid(tl.load(g + 3 * H, mask=valid, other=0.0).to(ACC)) * scale * z
             else:
                 c = c + leak * (z - c)  # f c + (1 - f) z, eqs. 3-4
             out = c
             if POOLING != 0:
-                out = _sigmoid(tl.load(g + 2 * H, mask=valid, other=0.0).to(tl.float32)) * c
+                out = _sigmoid(tl.load(g + 2 * H, mask=valid, other=0.0).to(ACC)) * c
             tl.store(h + row * H + cols, out, mask=valid)
             if SAVE_C:
                 tl.store(c_all + row * H + cols, c, mask=valid)
@@ -110,43 +113,44 @@ if triton is not None:
         HAS_C0: tl.constexpr,
         HAS_KEEP: tl.constexpr,
         BLOCK: tl.constexpr,
+        ACC: tl.constexpr,
     ):
         b = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         valid = cols < H
         length = tl.load(lengths + b)
-        dc = tl.load(dc_last + b * H + cols, mask=valid, other=0.0).to(tl.float32)
+        dc = tl.load(dc_last + b * H + cols, mask=valid, other=0.0).to(ACC)
         for t in range(length, T):  # pads: no gradient
             for g in range(0, G):
-                tl.store(dgates + ((b * T + t) * G + g) * H + cols, tl.full([BLOCK], 0.0, tl.float32), mask=valid)
+                tl.store(dgates + ((b * T + t) * G + g) * H + cols, tl.full([BLOCK], 0.0, ACC), mask=valid)
         for k in range(0, length):
             s = length - 1 - k
             row = b * T + (length - 1 - s if REVERSE else s)
             if s > 0:
                 prev = b * T + (length - s if REVERSE else s - 1)
-                cp = tl.load(c_all + prev * H + cols, mask=valid, other=0.0).to(tl.float32)
+                cp = tl.load(c_all + prev * H + cols, mask=valid, other=0.0).to(ACC)
             elif HAS_C0:
-                cp = tl.load(c0 + b * H + cols, mask=valid, other=0.0).to(tl.float32)
+                cp = tl.load(c0 + b * H + cols, mask=valid, other=0.0).to(ACC)
             else:
-                cp = tl.full([BLOCK], 0.0, tl.float32)
+                cp = tl.full([BLOCK], 0.0, ACC)
             g = gates + row * G * H + cols
             dg = dgates + row * G * H + cols
-            z = _tanh(tl.load(g, mask=valid, other=0.0).to(tl.float32))
-            f = _sigmoid(tl.load(g + H, mask=valid, other=0.0).to(tl.float32))
-            scale = tl.full([BLOCK], keep_prob, tl.float32)
+            z = _tanh(tl.load(g, mask=valid, other=0.0).to(ACC))
+            f = _sigmoid(tl.load(g + H, mask=valid, other=0.0).to(ACC))
+            scale = tl.full([BLOCK], keep_prob, ACC)
             if HAS_KEEP:
-                scale = scale * tl.load(keep + row * H + cols, mask=valid, other=0).to(tl.float32)
+                scale = scale * tl.load(keep + row * H + cols, mask=valid, other=0).to(ACC)
             leak = (1.0 - f) * scale
-            dht = tl.load(dh + row * H + cols, mask=valid, other=0.0).to(tl.float32)
+            dht = tl.load(dh + row * H + cols, mask=valid, other=0.0).to(ACC)
             if POOLING == 0:
                 dct = dc + dht
             else:
-                o = _sigmoid(tl.load(g + 2 * H, mask=valid, other=0.0).to(tl.float32))
-                c = tl.load(c_all + row * H + cols, mask=valid, other=0.0).to(tl.float32)
+                o = _sigmoid(tl.load(g + 2 * H, mask=valid, other=0.0).to(ACC))
+                c = tl.load(c_all + row * H + cols, mask=valid, other=0.0).to(ACC)
                 tl.store(dg + 2 * H, dht * c * o * (1.0 - o), mask=valid)
                 dct = dc + dht * o
             if POOLING == 2:
-                i = _sigmoid(tl.load(g + 3 * H, mask=valid, other=0.0).to(tl.float32))
+                i = _sigmoid(tl.load(g + 3 * H, mask=valid, other=0.0).to(ACC))
                 tl.store(dg + 3 * H, dct * scale * z * i * (1.0 - i), mask=valid)
                 dz = dct * scale * i
                 df = dct * cp * scale * f * (1.0 - f)
@@ -157,6 +161,12 @@ if triton is not None:
             tl.store(dg + H, df, mask=valid)
             dc = dct * (1.0 - leak)
         tl.store(dc0 + b * H + cols, dc, mask=valid)
+
+
+def _accumulator(gates: Tensor) -> object:
+    """The kernels' arithmetic type: float64 for float64 gates (gradcheck), else float32 (which
+    half-precision gates are widened to)."""
+    return tl.float64 if gates.dtype == torch.float64 else tl.float32
 
 
 class _TritonPool(torch.autograd.Function):
@@ -185,6 +195,7 @@ class _TritonPool(torch.autograd.Function):
             HAS_KEEP=keep is not None,
             SAVE_C=c_all is not h,
             BLOCK=_BLOCK,
+            ACC=_accumulator(gates),
         )
         ctx.config = (keep_prob, pooling, reverse)
         ctx.save_for_backward(gates, lengths, c0, keep, c_all)
@@ -226,6 +237,7 @@ class _TritonPool(torch.autograd.Function):
             HAS_C0=c0 is not None,
             HAS_KEEP=keep is not None,
             BLOCK=_BLOCK,
+            ACC=_accumulator(gates),
         )
         return dgates, None, dc0 if ctx.needs_input_grad[2] else None, None, None, None, None
 

@@ -22,7 +22,7 @@ Metric: ``accuracy`` over the evaluation examples (one per aspect term), all fou
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from seqzoo.data.errors import DataError
 from seqzoo.data.text import Tokenizer, Vocab
 from seqzoo.poolers import build_pooler
 from seqzoo.tasks.common import accuracy_and_loss, class_probabilities, epoch_seed, pretrained_vectors
-from seqzoo.training import StepLoss
+from seqzoo.training import StepLoss, resolve_device
 
 __all__ = [
     "ABSATask",
@@ -181,10 +181,13 @@ class ABSATask:
             with torch.no_grad():
                 self.model.embedding.weight.copy_(vectors)
         self.model.embedding.weight.requires_grad_(not data.freeze_embeddings)
+        self.device = resolve_device(config.train.device)
+        self.model.to(self.device)
 
     def _batch(self, split: str, indices: list[int]) -> AspectBatch:
         encoded = self.encoded[split]
-        return collate([encoded[i] for i in indices], self.vocab.pad_id)
+        batch = collate([encoded[i] for i in indices], self.vocab.pad_id)
+        return AspectBatch(**{f.name: getattr(batch, f.name).to(self.device) for f in fields(batch)})
 
     def _logits(self, batch: AspectBatch) -> Tensor:
         return self.model(batch.ids, batch.mask, batch.aspect_ids, batch.aspect_mask)
@@ -228,7 +231,8 @@ class ABSATask:
             chunk = pairs[start : start + size]
             ids, mask = pad_batch([self.vocab.encode(self.tokenizer(s)) or unk for s, _ in chunk])
             aspect_ids, aspect_mask = pad_batch([self.vocab.encode(self.tokenizer(a)) or unk for _, a in chunk])
-            rows = class_probabilities(self.model(ids, mask, aspect_ids, aspect_mask), POLARITIES)
+            tensors = (t.to(self.device) for t in (ids, mask, aspect_ids, aspect_mask))
+            rows = class_probabilities(self.model(*tensors), POLARITIES)
             results.extend({"aspect": aspect, **row} for (_, aspect), row in zip(chunk, rows, strict=True))
         return results
 

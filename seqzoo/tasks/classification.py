@@ -23,7 +23,7 @@ from seqzoo.data.errors import DataError
 from seqzoo.data.text import Tokenizer, Vocab
 from seqzoo.poolers import build_pooler
 from seqzoo.tasks.common import accuracy_and_loss, class_probabilities, epoch_seed, pretrained_vectors
-from seqzoo.training import StepLoss
+from seqzoo.training import StepLoss, resolve_device
 
 __all__ = ["ClassificationTask", "TextClassifier", "build_tasks", "load_data", "load_trained"]
 
@@ -103,6 +103,8 @@ class ClassificationTask:
         if vectors is not None:
             with torch.no_grad():
                 self.model.embedding.weight.copy_(vectors)
+        self.device = resolve_device(config.train.device)
+        self.model.to(self.device)
 
     def _build_vocab(self, train_tokens: list[list[str]]) -> Vocab:
         data: ClassificationDataConfig = self.config.data
@@ -115,7 +117,8 @@ class ClassificationTask:
 
     def _batch(self, split: _Split, indices: list[int]) -> tuple[Tensor, Tensor, Tensor]:
         ids, mask = pad_batch([split.ids[i] for i in indices])
-        return ids, mask, torch.tensor([split.labels[i] for i in indices])
+        labels = torch.tensor([split.labels[i] for i in indices])
+        return ids.to(self.device), mask.to(self.device), labels.to(self.device)
 
     def train_batches(self, epoch: int) -> list[list[int]]:
         lengths = [len(s) for s in self.splits["train"].ids]
@@ -142,7 +145,8 @@ class ClassificationTask:
         size = self.config.train.eval_batch_size
         for start in range(0, len(ids), size):
             batch, mask = pad_batch(ids[start : start + size])
-            results.extend(class_probabilities(self.model(batch, mask), list(self.labels)))
+            logits = self.model(batch.to(self.device), mask.to(self.device))
+            results.extend(class_probabilities(logits, list(self.labels)))
         return results
 
     def documents(self) -> dict[str, Any]:

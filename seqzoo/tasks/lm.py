@@ -39,7 +39,7 @@ from seqzoo.data.io import require_file
 from seqzoo.data.lm import EOS, batchify, build_lm_vocab, read_lm_tokens, tbptt_batches
 from seqzoo.data.text import Vocab
 from seqzoo.plots import save_figure
-from seqzoo.training import StepLoss
+from seqzoo.training import StepLoss, resolve_device
 
 __all__ = [
     "LMTask",
@@ -143,8 +143,11 @@ class LMTask:
         self.line_end_id = self.vocab.token_to_id(line_end) if line_end in self.vocab else None
         with names_config_errors("model"):
             self.model = LanguageModel(len(self.vocab), data.embedding_dim, config.model)
+        self.device = resolve_device(config.train.device)
+        self.model.to(self.device)
         train = self.ids.get("train")
-        self._chunks = [] if train is None else tbptt_batches(batchify(train, data.batch_size), data.bptt)
+        streams = None if train is None else batchify(train, data.batch_size).to(self.device)
+        self._chunks = [] if streams is None else tbptt_batches(streams, data.bptt)
         self._state: State = None  # carried across training windows
 
     def _split_ids(self, split: str) -> Tensor:
@@ -181,7 +184,7 @@ class LMTask:
         """
         ids = self._split_ids(split)
         data: LMDataConfig = self.config.data
-        streams = batchify(ids, min(data.eval_batch_size, ids.numel()))  # (B, W)
+        streams = batchify(ids, min(data.eval_batch_size, ids.numel())).to(self.device)  # (B, W)
         rows, width = streams.shape
         nll = torch.full((ids.numel(),), math.nan, dtype=torch.float64)
         within = nll[: streams.numel()].view(rows, width)  # the rows' own tokens
@@ -191,17 +194,17 @@ class LMTask:
         starts = range(0, width - 1, data.bptt)
         for start, (x, y) in zip(starts, tbptt_batches(streams, data.bptt), strict=True):
             logits, state = self.model(x, state)
-            within[:, start + 1 : start + 1 + y.shape[1]] = _token_nll(logits, y)
+            within[:, start + 1 : start + 1 + y.shape[1]] = _token_nll(logits, y).cpu()
         # Row b goes on with the first token of row b + 1, the last row with the R < B tokens that
         # batchify dropped (every row reads those; only the last row's predictions are kept).
-        rest = ids[streams.numel() :]  # (R,)
+        rest = ids[streams.numel() :].to(self.device)  # (R,)
         logits, state = self.model(streams[:, -1:], state)  # (B, 1, V): what follows each row
-        nll[width : streams.numel() : width] = _token_nll(logits[:-1], streams[1:, :1]).view(-1)
+        nll[width : streams.numel() : width] = _token_nll(logits[:-1], streams[1:, :1]).view(-1).cpu()
         if rest.numel():
             nll[streams.numel()] = _token_nll(logits[-1:], rest[:1].view(1, 1)).item()
         if rest.numel() > 1:
             logits, _ = self.model(rest[:-1].expand(rows, -1), state)  # (B, R - 1, V)
-            nll[streams.numel() + 1 :] = _token_nll(logits[-1:], rest[1:].view(1, -1)).view(-1)
+            nll[streams.numel() + 1 :] = _token_nll(logits[-1:], rest[1:].view(1, -1)).view(-1).cpu()
         self.model.train(was_training)
         return nll
 
@@ -339,15 +342,15 @@ def sample(task: LMTask, length: int = 200, temperature: float = 1.0, prime: str
     generator = torch.Generator().manual_seed(seed)
     was_training = model.training
     model.eval()
-    logits, state = model(torch.tensor([ids]))
+    logits, state = model(torch.tensor([ids], device=task.device))
     drawn: list[int] = []
     for _ in range(length):
-        scaled = logits[0, -1] / temperature
+        scaled = logits[0, -1].cpu() / temperature  # drawn on the CPU: the same text on any device
         scaled[vocab.pad_id] = -math.inf
         if task.level == "char":
             scaled[vocab.unk_id] = -math.inf
         drawn.append(int(torch.multinomial(torch.softmax(scaled, -1), 1, generator=generator)))
-        logits, state = model(torch.tensor([[drawn[-1]]]), state)
+        logits, state = model(torch.tensor([[drawn[-1]]], device=task.device), state)
     model.train(was_training)
     tokens = vocab.decode(drawn)
     if task.level == "char":

@@ -35,7 +35,7 @@ from seqzoo.data.text import Vocab
 from seqzoo.data.translation import BOS, EOS, build_char_vocab, find_parallel, read_parallel
 from seqzoo.seq2seq import beam_search, build_seq2seq
 from seqzoo.tasks.common import epoch_seed
-from seqzoo.training import StepLoss
+from seqzoo.training import StepLoss, resolve_device
 
 __all__ = ["TranslationTask", "build_tasks", "corpus_scores", "load_trained", "read_splits"]
 
@@ -105,6 +105,8 @@ class TranslationTask:
                 pad_id=self.vocab.pad_id,
             )
             self.model = build_seq2seq(config.model.encoder, **arguments)
+        self.device = resolve_device(config.train.device)
+        self.model.to(self.device)
 
     def _batch(self, split: str, indices: list[int]) -> tuple[Tensor, ...]:
         """src, src_mask, decoder input (``<bos>`` + target), its mask, output (target + ``<eos>``)."""
@@ -112,7 +114,7 @@ class TranslationTask:
         src, src_mask = pad_batch([s for s, _ in pairs])
         tgt_in, tgt_mask = pad_batch([[self.bos_id, *t] for _, t in pairs])
         tgt_out, _ = pad_batch([[*t, self.eos_id] for _, t in pairs])
-        return src, src_mask, tgt_in, tgt_mask, tgt_out
+        return tuple(t.to(self.device) for t in (src, src_mask, tgt_in, tgt_mask, tgt_out))
 
     def train_batches(self, epoch: int) -> list[list[int]]:
         lengths = [max(len(s), len(t)) for s, t in self.ids["train"]]
@@ -157,8 +159,8 @@ class TranslationTask:
             src, src_mask = pad_batch([ids[i] for i in indices])
             best = beam_search(
                 self.model,
-                src,
-                src_mask,
+                src.to(self.device),
+                src_mask.to(self.device),
                 self.bos_id,
                 self.eos_id,
                 beam_size or data.beam_size,

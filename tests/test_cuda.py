@@ -1,0 +1,226 @@
+"""The GPU paths: every encoder and the Triton pooling kernel on CUDA against the CPU.
+
+Skipped without a CUDA device (CI has none); run them where one exists with
+``pytest -m gpu``. Each check compares a CUDA run with the same module's CPU run on the same
+values (cuDNN's LSTM/GRU and cuBLAS round differently from the CPU, so the tolerances are a few
+float32 ulps of the outputs' scale), and runs the encoder contract (padding, batch and chunking
+invariance) on the GPU itself.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from seqzoo import build_encoder
+from seqzoo.cli import main
+from seqzoo.kernels.qrnn_pool import POOLINGS, pool_backend, qrnn_pool, qrnn_pool_reference
+from seqzoo.testing import assert_contract
+from seqzoo.training import TIMING_KEYS
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+#: (name, constructor arguments): every registered encoder, both directions where it has two.
+ENCODERS = [
+    ("lstm", {"num_layers": 2}),
+    ("lstm", {"num_layers": 2, "bidirectional": True}),
+    ("gru", {"num_layers": 2, "bidirectional": True}),
+    ("dense_lstm", {"num_layers": 2, "bidirectional": True}),
+    ("dense_gru", {"num_layers": 2}),
+    ("gru_ln", {"bidirectional": True}),
+    ("dtgru", {"transition_depth": 2, "bidirectional": True}),
+    ("mzu", {"composition": "cap", "num_zones": 4, "transition_depth": 1}),
+    ("mzu", {"composition": "sat", "num_zones": 2, "bidirectional": True}),
+    ("mzu", {"composition": "gcn", "num_zones": 4}),
+    ("qrnn", {"num_layers": 2, "window": 2}),
+    ("qrnn", {"num_layers": 2, "window": 2, "pooling": "ifo", "bidirectional": True}),
+    ("qrnn", {"num_layers": 2, "pooling": "f", "dense": True}),
+    ("transformer", {"num_layers": 2, "nhead": 2, "dropout": 0.0}),
+    ("transformer", {"num_layers": 2, "nhead": 2, "dropout": 0.0, "causal": True}),
+]
+
+
+def _id(case: tuple[str, dict]) -> str:
+    name, args = case
+    return "-".join([name, *(f"{k}={v}" for k, v in args.items())])
+
+
+def _encoder(name: str, args: dict) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_encoder(name, 6, hidden_size=8, **args)
+
+
+def _run(encoder, x, mask, device):
+    """Outputs and the gradients of the input and every parameter, on ``device``."""
+    encoder = encoder.to(device)
+    x = x.detach().to(device).requires_grad_(True)
+    out, _ = encoder(x, mask.to(device))
+    weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=device).view_as(out)
+    grads = torch.autograd.grad((out * weights).sum(), [x, *encoder.parameters()], allow_unused=True)
+    return [out.cpu()] + [torch.zeros(1) if g is None else g.cpu() for g in grads]
+
+
+@pytest.mark.parametrize("case", ENCODERS, ids=_id)
+def test_encoder_on_cuda_equals_cpu_and_keeps_the_contract(case):
+    name, args = case
+    # Training mode (cuDNN has no RNN backward in eval mode); no dropout or zoneout is configured,
+    # so both devices compute one function.
+    cpu = _encoder(name, args)
+    gpu = copy.deepcopy(cpu)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 11, 6, generator=gen)
+    mask = torch.arange(11) < torch.tensor([11, 4, 7, 1, 9]).unsqueeze(1)
+    on_cpu, on_gpu = _run(cpu, x, mask, "cpu"), _run(gpu, x, mask, "cuda")
+    names = ["outputs", "d_input", *[n for n, _ in cpu.named_parameters()]]
+    for what, a, b in zip(names, on_cpu, on_gpu, strict=True):
+        scale = a.abs().max().item() or 1.0
+        assert torch.allclose(a, b, atol=2e-5 * scale, rtol=1e-4), f"{what}: max diff {(a - b).abs().max():.3g}"
+    assert_contract(gpu, atol=1e-4)
+
+
+@pytest.mark.parametrize("pooling", list(POOLINGS))
+@pytest.mark.parametrize("zoneout", ["none", "train", "eval"])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_triton_kernel_on_cuda_matches_the_reference(pooling, zoneout, reverse):
+    assert pool_backend("cuda") == "triton"
+    gen = torch.Generator().manual_seed(0)
+    batch, time, hidden = 4, 37, 300  # a hidden size over one Triton block, a length over one chunk
+    gates = torch.randn(batch, time, POOLINGS[pooling], hidden, generator=gen).cuda().requires_grad_(True)
+    c0 = torch.randn(batch, hidden, generator=gen).cuda().requires_grad_(True)
+    lengths = torch.tensor([time, time // 2, 0, 1]).cuda()
+    keep = (torch.rand(batch, time, hidden, generator=gen) >= 0.3).cuda() if zoneout == "train" else None
+    kwargs = {"pooling": pooling, "keep": keep, "keep_prob": 0.7 if zoneout == "eval" else 1.0, "reverse": reverse}
+    grad_h = torch.randn(batch, time, hidden, generator=gen).cuda()
+    grad_c = torch.randn(batch, hidden, generator=gen).cuda()
+    results = []
+    for fn in (qrnn_pool, qrnn_pool_reference):
+        h, c = fn(gates, lengths, c0, **kwargs)
+        results.append((h, c, *torch.autograd.grad((h, c), (gates, c0), (grad_h, grad_c))))
+    for what, a, b in zip(("h", "c_last", "d_gates", "d_c0"), *results, strict=True):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), f"{what}: max diff {(a - b).abs().max():.3g}"
+    h = results[0][0]
+    assert not h[1, time // 2 :].any() and not h[2].any(), "outputs at pads must be zero"
+
+
+@pytest.mark.parametrize("pooling", list(POOLINGS))
+def test_triton_kernel_float64_gradcheck_on_cuda(pooling):
+    gen = torch.Generator().manual_seed(2)
+    gates = torch.randn(3, 5, POOLINGS[pooling], 4, generator=gen, dtype=torch.float64).cuda().requires_grad_(True)
+    c0 = torch.randn(3, 4, generator=gen, dtype=torch.float64).cuda().requires_grad_(True)
+    lengths = torch.tensor([5, 2, 0]).cuda()
+    keep = (torch.rand(3, 5, 4, generator=gen) >= 0.3).cuda()
+    for reverse in (False, True):
+
+        def pool(g, c, reverse=reverse):
+            return qrnn_pool(g, lengths, c, pooling=pooling, keep=keep, reverse=reverse)
+
+        assert torch.autograd.gradcheck(pool, (gates, c0))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_qrnn_under_autocast_on_cuda_follows_float32(dtype):
+    """Mixed precision: the projection runs in half precision, the Triton kernel widens the gates
+    to float32 and stores half outputs; outputs and gradients stay near the float32 run's."""
+    encoder = _encoder("qrnn", {"num_layers": 2, "window": 2, "bidirectional": True}).cuda()
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 40, 6, generator=gen).cuda().requires_grad_(True)
+    mask = (torch.arange(40) < torch.tensor([40, 17, 1, 33]).unsqueeze(1)).cuda()
+    results = []
+    for enabled in (False, True):
+        with torch.autocast("cuda", dtype=dtype, enabled=enabled):
+            out, _ = encoder(x, mask)
+        assert out.dtype == (dtype if enabled else torch.float32)
+        grads = torch.autograd.grad(out.float().square().sum(), [x, *encoder.parameters()])
+        results.append([out.float(), *grads])
+    for a, b in zip(*results, strict=True):
+        assert torch.isfinite(b).all()
+        assert (a - b).norm() <= 2e-2 * a.norm(), f"relative error {((a - b).norm() / a.norm()).item():.3g}"
+
+
+def _classifier_config(data_dir: Path, tmp_path: Path) -> Path:
+    """The toy sentiment task with a QRNN that uses every Triton path (zoneout masks, both
+    directions, a carried convolution window) and dropout that draws from the GPU's generator."""
+    path = tmp_path / "toy.yaml"
+    path.write_text(
+        f"""
+name: toy
+data: {{name: toy, data_dir: {data_dir}, embedding_dim: 16}}
+model:
+  encoder: qrnn
+  encoder_args: {{hidden_size: 12, num_layers: 2, window: 2, zoneout: 0.1, bidirectional: true, dropout: 0.2}}
+  pooler: mean
+  dropout: 0.2
+optim: {{optimizer: adam, lr: 0.01}}
+train: {{epochs: 3, batch_size: 8, patience: null, checkpoint_every: 10, seed: 3, progress: false}}
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+def _records(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS} for line in lines]
+
+
+def test_a_run_trained_on_cuda_evaluates_alike_on_the_cpu(toy_corpus, tmp_path, capsys):
+    config = _classifier_config(toy_corpus, tmp_path)
+    run_dir = tmp_path / "run"
+    assert main(["train", str(config), "--run-dir", str(run_dir), "--set", "train.device=cuda"]) == 0
+    assert "training on cuda" in (run_dir / "train.log").read_text()
+    test = _records(run_dir)[-1]
+    assert test["test_accuracy"] >= 0.8  # the toy task is learnable
+    capsys.readouterr()
+    for device in ("cuda", "cpu"):
+        assert main(["evaluate", str(run_dir), "--set", f"train.device={device}"]) == 0
+        metrics = json.loads(capsys.readouterr().out.splitlines()[0])
+        assert metrics["accuracy"] == pytest.approx(test["test_accuracy"], abs=1 / 60)  # a borderline example
+        assert metrics["loss"] == pytest.approx(test["test_loss"], rel=1e-4)
+
+
+def test_resuming_on_cuda_restores_the_gpu_generator(toy_corpus, tmp_path):
+    """A run stopped after epoch 1 and resumed for epoch 2 matches a run of 2 epochs: the dropout
+    and zoneout masks of epoch 2 come from the GPU generator's saved state, not a fresh seed."""
+    config = _classifier_config(toy_corpus, tmp_path)
+    device = ["--set", "train.device=cuda"]
+    assert main(["train", str(config), "--run-dir", str(tmp_path / "whole"), "--set", "train.epochs=2", *device]) == 0
+    assert main(["train", str(config), "--run-dir", str(tmp_path / "cut"), "--set", "train.epochs=1", *device]) == 0
+    assert main(["train", "--resume", str(tmp_path / "cut"), "--set", "train.epochs=2", *device]) == 0
+    whole, cut = _records(tmp_path / "whole"), _records(tmp_path / "cut")
+    assert [r["event"] for r in cut] == ["epoch", "epoch", "test"]
+    for a, b in zip(whole, cut, strict=True):
+        for key, value in a.items():
+            assert b[key] == (pytest.approx(value, rel=1e-5) if isinstance(value, float) else value), key
+
+
+def test_a_language_model_trains_evaluates_and_samples_on_cuda(tmp_path, capsys):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    line = "the cat sat on the mat . a dog ran to the river .\n"
+    for stem, repeats in (("train", 60), ("valid", 12), ("test", 12)):
+        (corpus / f"{stem}.txt").write_text(line * repeats, encoding="utf-8")
+    config = tmp_path / "lm.yaml"
+    config.write_text(
+        f"""
+name: toy_lm
+task: lm
+data: {{data_dir: {corpus}, level: char, batch_size: 4, eval_batch_size: 3, bptt: 20, embedding_dim: 16}}
+model: {{encoder: qrnn, encoder_args: {{hidden_size: 32, num_layers: 2, window: 2, zoneout: 0.1}}, dropout: 0.1}}
+optim: {{optimizer: adam, lr: 0.01}}
+train: {{epochs: 2, patience: null, progress: false, device: cuda}}
+""",
+        encoding="utf-8",
+    )
+    run_dir = tmp_path / "run"
+    assert main(["train", str(config), "--run-dir", str(run_dir)]) == 0
+    test = _records(run_dir)[-1]
+    assert test["test_bpc"] < 2.0  # a repeated line is learnt quickly
+    capsys.readouterr()
+    assert main(["evaluate", str(run_dir), "--set", "train.device=cpu"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["bpc"] == pytest.approx(test["test_bpc"], rel=1e-4)
+    assert main(["sample", str(run_dir), "--length", "30", "--prime", "the "]) == 0
+    assert capsys.readouterr().out.startswith("the ")
