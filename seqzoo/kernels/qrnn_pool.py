@@ -15,17 +15,19 @@ All paths share one signature and one convention (the paper's: ``f`` multiplies 
     c_last    (B, H) cell state after the last real step (c0 for empty rows)
 
 Backends: ``"compiled"`` (C kernel built at install time, loaded with ctypes; float32/float64 on
-CPU), ``"triton"`` (CUDA tensors) and ``"reference"``. Both fast paths fuse the activations,
-zoneout and the recurrence in one pass forward and a reverse-time pass backward (the compiled
-backward reads the activations its forward left in the gate buffer, recomputes the cell states
-from them in cache, and writes d(gates) in place). A backward that must itself be differentiable
-(``create_graph=True``) differentiates the reference instead (:func:`reference_gradients`). When a
-fast path cannot run, :func:`qrnn_pool` warns and uses the reference; setting the environment
-variable ``SEQZOO_QRNN_BACKEND=reference`` selects the reference on purpose. :func:`qrnn_layer` runs
-a whole layer direction (convolution and pooling), fused the same way on the compiled backend. Under
-``torch.compile`` both entry points run eagerly on every backend (``torch.compiler.disable``, a
-graph break): dynamo cannot trace a ctypes call, the fused kernels leave nothing for inductor to
-fuse, and the reference's loop over time would only unroll into a graph as long as the sequence.
+CPU), ``"triton"`` (CUDA tensors) and ``"reference"``. Both fast paths fuse the activations, zoneout
+and the recurrence in one pass forward and a reverse-time pass backward (the compiled backward reads
+the activations its forward left in the gate buffer, recomputes the cell states from them in cache,
+and writes d(gates) in place; the Triton kernels take chunks of time steps at once, each by a scan
+over time, see :mod:`seqzoo.kernels.qrnn_pool_triton`). A backward that must itself be
+differentiable (``create_graph=True``) differentiates the reference instead
+(:func:`reference_gradients`). When a fast path cannot run, :func:`qrnn_pool` warns and uses the
+reference; setting the environment variable ``SEQZOO_QRNN_BACKEND=reference`` selects the reference
+on purpose. :func:`qrnn_layer` runs a whole layer direction (convolution and pooling), fused the
+same way on the compiled backend. Under ``torch.compile`` both entry points run eagerly on every
+backend (``torch.compiler.disable``, a graph break): dynamo cannot trace a ctypes call, the fused
+kernels leave nothing for inductor to fuse, and the reference's loop over time would only unroll
+into a graph as long as the sequence.
 """
 
 from __future__ import annotations

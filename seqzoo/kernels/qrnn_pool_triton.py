@@ -1,10 +1,13 @@
 """QRNN pooling for CUDA tensors in Triton: the same signature and math as the C kernel.
 
-One program per (batch row, block of channels) runs the recurrence over time; activations and
-zoneout are fused, the backward is the reverse-time recurrence recomputing the activations from
-the saved gates. Arithmetic is in float32 (float16/bfloat16 gates are widened, the outputs
-stored in the gates' dtype), or float64 for float64 gates. Imported only for CUDA tensors (or
-under ``TRITON_INTERPRET=1`` in tests).
+One program per (batch row, block of channels) runs the recurrence over time, a chunk of time
+steps at a time: the chunk's gates are loaded at once and its states computed by a scan over time
+(``tl.associative_scan`` of the affine maps c -> (1 - leak) c + new), so each chunk costs one
+round trip to memory instead of one per step, which left the GPU waiting on memory latency at
+small batch sizes. Activations and zoneout are fused; the backward is the same scan in reverse
+time over dL/dc, recomputing the activations from the saved gates and states. Arithmetic is in
+float32 (float16/bfloat16 gates are widened, the outputs stored in the gates' dtype), or float64
+for float64 gates. Imported only for CUDA tensors (or under ``TRITON_INTERPRET=1`` in tests).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ except ImportError as err:  # pragma: no cover - depends on the install
 __all__ = ["qrnn_pool_triton", "triton_unavailable_reason"]
 
 _POOL_CODE = {"f": 0, "fo": 1, "ifo": 2}
-_BLOCK = 128
+_BLOCK = 32  # channels per program
+_CHUNK = 32  # time steps per scan
 
 
 def triton_unavailable_reason() -> str | None:
@@ -41,6 +45,22 @@ if triton is not None:
     @triton.jit
     def _tanh(x):
         return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+    @triton.jit
+    def _affine_then(a1, b1, a2, b2):
+        """The scan's operator: c -> a1 c + b1 followed by c -> a2 c + b2."""
+        return a1 * a2, b1 * a2 + b2
+
+    @triton.jit
+    def _add(a, b):
+        return a + b
+
+    @triton.jit
+    def _row(tile, steps, index):
+        """Row ``index`` of a (CHUNK, BLOCK) tile, as a (BLOCK,) vector. (``tl.reduce`` with our own
+        operator rather than ``tl.sum``: Triton's interpreter cannot run its library's jit functions
+        when Triton was imported before ``TRITON_INTERPRET`` was set, as in the tests.)"""
+        return tl.reduce(tl.where(steps[:, None] == index, tile, 0.0), 0, _add)
 
     @triton.jit
     def _forward_kernel(
@@ -61,36 +81,48 @@ if triton is not None:
         HAS_KEEP: tl.constexpr,
         SAVE_C: tl.constexpr,
         BLOCK: tl.constexpr,
+        CHUNK: tl.constexpr,
         ACC: tl.constexpr,
     ):
         b = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         valid = cols < H
+        steps = tl.arange(0, CHUNK)
         length = tl.load(lengths + b)
         if HAS_C0:
             c = tl.load(c0 + b * H + cols, mask=valid, other=0.0).to(ACC)
         else:
             c = tl.full([BLOCK], 0.0, ACC)
-        for t in range(length, T):  # pads: zero outputs
-            tl.store(h + (b * T + t) * H + cols, tl.full([BLOCK], 0.0, ACC), mask=valid)
-        for s in range(0, length):
-            row = b * T + (length - 1 - s if REVERSE else s)
-            g = gates + row * G * H + cols
-            z = _tanh(tl.load(g, mask=valid, other=0.0).to(ACC))  # eq. 1
-            scale = tl.full([BLOCK], keep_prob, ACC)
+        for t0 in range(length, T, CHUNK):  # pads: zero outputs
+            t = t0 + steps
+            pads = (t < T)[:, None] & valid[None, :]
+            tl.store(h + (b * T + t)[:, None] * H + cols[None, :], tl.full([CHUNK, BLOCK], 0.0, ACC), mask=pads)
+        for s0 in range(0, length, CHUNK):  # CHUNK steps at a time, in the direction's order
+            s = s0 + steps
+            row = b * T + (length - 1 - s if REVERSE else s)  # (CHUNK,)
+            m = (s < length)[:, None] & valid[None, :]  # (CHUNK, BLOCK)
+            g = gates + row[:, None] * (G * H) + cols[None, :]
+            z = _tanh(tl.load(g, mask=m, other=0.0).to(ACC))  # eq. 1
+            scale = tl.full([CHUNK, BLOCK], keep_prob, ACC)
             if HAS_KEEP:  # eq. 6: zoned-out channels get f = 1 (and i = 0 with ifo: they keep their state)
-                scale = scale * tl.load(keep + row * H + cols, mask=valid, other=0).to(ACC)
-            leak = (1.0 - _sigmoid(tl.load(g + H, mask=valid, other=0.0).to(ACC))) * scale
+                scale = scale * tl.load(keep + row[:, None] * H + cols[None, :], mask=m, other=0).to(ACC)
+            leak = (1.0 - _sigmoid(tl.load(g + H, mask=m, other=0.0).to(ACC))) * scale
             if POOLING == 2:
-                c = (1.0 - leak) * c + _sigmoid(tl.load(g + 3 * H, mask=valid, other=0.0).to(ACC)) * scale * z
+                new = _sigmoid(tl.load(g + 3 * H, mask=m, other=0.0).to(ACC)) * scale * z
             else:
-                c = c + leak * (z - c)  # f c + (1 - f) z, eqs. 3-4
-            out = c
+                new = leak * z
+            # c_t = (1 - leak_t) c_{t-1} + new_t (eqs. 3-5), for the whole chunk by one scan over
+            # time; steps past the end keep the state.
+            decay, new = tl.where(m, 1.0 - leak, 1.0), tl.where(m, new, 0.0)
+            span, gain = tl.associative_scan((decay, new), 0, _affine_then)
+            cs = span * c[None, :] + gain
+            out = cs
             if POOLING != 0:
-                out = _sigmoid(tl.load(g + 2 * H, mask=valid, other=0.0).to(ACC)) * c
-            tl.store(h + row * H + cols, out, mask=valid)
+                out = _sigmoid(tl.load(g + 2 * H, mask=m, other=0.0).to(ACC)) * cs
+            tl.store(h + row[:, None] * H + cols[None, :], out, mask=m)
             if SAVE_C:
-                tl.store(c_all + row * H + cols, c, mask=valid)
+                tl.store(c_all + row[:, None] * H + cols[None, :], cs, mask=m)
+            c = _row(cs, steps, CHUNK - 1)  # the chunk's last state
         tl.store(c_last + b * H + cols, c, mask=valid)
 
     @triton.jit
@@ -113,54 +145,78 @@ if triton is not None:
         HAS_C0: tl.constexpr,
         HAS_KEEP: tl.constexpr,
         BLOCK: tl.constexpr,
+        CHUNK: tl.constexpr,
         ACC: tl.constexpr,
     ):
         b = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         valid = cols < H
+        steps = tl.arange(0, CHUNK)
         length = tl.load(lengths + b)
-        dc = tl.load(dc_last + b * H + cols, mask=valid, other=0.0).to(ACC)
-        for t in range(length, T):  # pads: no gradient
-            for g in range(0, G):
-                tl.store(dgates + ((b * T + t) * G + g) * H + cols, tl.full([BLOCK], 0.0, ACC), mask=valid)
-        for k in range(0, length):
-            s = length - 1 - k
+        for t0 in range(length, T, CHUNK):  # pads: no gradient
+            t = t0 + steps
+            pads = (t < T)[:, None] & valid[None, :]
+            for k in tl.static_range(G):
+                pointers = dgates + ((b * T + t)[:, None] * G + k) * H + cols[None, :]
+                tl.store(pointers, tl.full([CHUNK, BLOCK], 0.0, ACC), mask=pads)
+        dc = tl.load(dc_last + b * H + cols, mask=valid, other=0.0).to(ACC)  # dL/dc after the chunk
+        chunks = (length + CHUNK - 1) // CHUNK
+        for j in range(0, chunks):  # the chunks from the last back to the first
+            s = (chunks - 1 - j) * CHUNK + steps
             row = b * T + (length - 1 - s if REVERSE else s)
-            if s > 0:
-                prev = b * T + (length - s if REVERSE else s - 1)
-                cp = tl.load(c_all + prev * H + cols, mask=valid, other=0.0).to(ACC)
-            elif HAS_C0:
-                cp = tl.load(c0 + b * H + cols, mask=valid, other=0.0).to(ACC)
-            else:
-                cp = tl.full([BLOCK], 0.0, ACC)
-            g = gates + row * G * H + cols
-            dg = dgates + row * G * H + cols
-            z = _tanh(tl.load(g, mask=valid, other=0.0).to(ACC))
-            f = _sigmoid(tl.load(g + H, mask=valid, other=0.0).to(ACC))
-            scale = tl.full([BLOCK], keep_prob, ACC)
+            m = (s < length)[:, None] & valid[None, :]
+            g = gates + row[:, None] * (G * H) + cols[None, :]
+            dg = dgates + row[:, None] * (G * H) + cols[None, :]
+            z = _tanh(tl.load(g, mask=m, other=0.0).to(ACC))
+            f = _sigmoid(tl.load(g + H, mask=m, other=0.0).to(ACC))
+            scale = tl.full([CHUNK, BLOCK], keep_prob, ACC)
             if HAS_KEEP:
-                scale = scale * tl.load(keep + row * H + cols, mask=valid, other=0).to(ACC)
+                scale = scale * tl.load(keep + row[:, None] * H + cols[None, :], mask=m, other=0).to(ACC)
             leak = (1.0 - f) * scale
-            dht = tl.load(dh + row * H + cols, mask=valid, other=0.0).to(ACC)
+            # dL/dc_s = u_s + (1 - leak_{s+1}) dL/dc_{s+1}: the next step's decay carries it back
+            nxt = b * T + (length - 2 - s if REVERSE else s + 1)
+            m_next = (s + 1 < length)[:, None] & valid[None, :]
+            scale_next = tl.full([CHUNK, BLOCK], keep_prob, ACC)
+            if HAS_KEEP:
+                scale_next = scale_next * tl.load(keep + nxt[:, None] * H + cols[None, :], mask=m_next, other=0).to(ACC)
+            f_next = _sigmoid(
+                tl.load(gates + nxt[:, None] * (G * H) + H + cols[None, :], mask=m_next, other=0.0).to(ACC)
+            )
+            decay = tl.where(m_next, 1.0 - (1.0 - f_next) * scale_next, 1.0)
+            dht = tl.load(dh + row[:, None] * H + cols[None, :], mask=m, other=0.0).to(ACC)
             if POOLING == 0:
-                dct = dc + dht
+                u = dht
             else:
-                o = _sigmoid(tl.load(g + 2 * H, mask=valid, other=0.0).to(ACC))
-                c = tl.load(c_all + row * H + cols, mask=valid, other=0.0).to(ACC)
-                tl.store(dg + 2 * H, dht * c * o * (1.0 - o), mask=valid)
-                dct = dc + dht * o
+                o = _sigmoid(tl.load(g + 2 * H, mask=m, other=0.0).to(ACC))
+                c = tl.load(c_all + row[:, None] * H + cols[None, :], mask=m, other=0.0).to(ACC)
+                tl.store(dg + 2 * H, dht * c * o * (1.0 - o), mask=m)
+                u = dht * o
+            span, gain = tl.associative_scan((decay, tl.where(m, u, 0.0)), 0, _affine_then, reverse=True)
+            dct = span * dc[None, :] + gain  # (CHUNK, BLOCK) dL/dc_s
+            prev = b * T + (length - s if REVERSE else s - 1)  # c_{s-1}: saved, or c0 before the first step
+            cp = tl.load(c_all + prev[:, None] * H + cols[None, :], mask=m & (s > 0)[:, None], other=0.0).to(ACC)
+            if HAS_C0:
+                first = tl.load(c0 + b * H + cols, mask=valid, other=0.0).to(ACC)
+                cp = tl.where((s == 0)[:, None], first[None, :], cp)
             if POOLING == 2:
-                i = _sigmoid(tl.load(g + 3 * H, mask=valid, other=0.0).to(ACC))
-                tl.store(dg + 3 * H, dct * scale * z * i * (1.0 - i), mask=valid)
+                i = _sigmoid(tl.load(g + 3 * H, mask=m, other=0.0).to(ACC))
+                tl.store(dg + 3 * H, dct * scale * z * i * (1.0 - i), mask=m)
                 dz = dct * scale * i
                 df = dct * cp * scale * f * (1.0 - f)
             else:
                 dz = dct * leak
                 df = -dct * (z - cp) * scale * f * (1.0 - f)
-            tl.store(dg, dz * (1.0 - z * z), mask=valid)
-            tl.store(dg + H, df, mask=valid)
-            dc = dct * (1.0 - leak)
-        tl.store(dc0 + b * H + cols, dc, mask=valid)
+            tl.store(dg, dz * (1.0 - z * z), mask=m)
+            tl.store(dg + H, df, mask=m)
+            dc = _row(dct, steps, 0)  # dL/dc at the chunk's first step
+        # dL/dc0: the first step's decay carries dL/dc_0 back (an empty row passes dc_last on)
+        first = b * T + (length - 1 if REVERSE else 0)
+        m0 = valid & (cols * 0 + length > 0)  # (a vector: the interpreter refuses a scalar in a mask)
+        scale0 = tl.full([BLOCK], keep_prob, ACC)
+        if HAS_KEEP:
+            scale0 = scale0 * tl.load(keep + first * H + cols, mask=m0, other=0).to(ACC)
+        f0 = _sigmoid(tl.load(gates + first * (G * H) + H + cols, mask=m0, other=0.0).to(ACC))
+        tl.store(dc0 + b * H + cols, tl.where(m0, 1.0 - (1.0 - f0) * scale0, 1.0) * dc, mask=valid)
 
 
 def _accumulator(gates: Tensor) -> object:
@@ -195,6 +251,7 @@ class _TritonPool(torch.autograd.Function):
             HAS_KEEP=keep is not None,
             SAVE_C=c_all is not h,
             BLOCK=_BLOCK,
+            CHUNK=_CHUNK,
             ACC=_accumulator(gates),
         )
         ctx.config = (keep_prob, pooling, reverse)
@@ -237,6 +294,7 @@ class _TritonPool(torch.autograd.Function):
             HAS_C0=c0 is not None,
             HAS_KEEP=keep is not None,
             BLOCK=_BLOCK,
+            CHUNK=_CHUNK,
             ACC=_accumulator(gates),
         )
         return dgates, None, dc0 if ctx.needs_input_grad[2] else None, None, None, None, None
