@@ -345,10 +345,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Console(logging.StreamHandler):
+    """The console log: writes to whatever ``sys.stderr`` is when a record is emitted. A stream
+    taken once goes stale when a caller of :func:`main` redirects stderr between calls (pytest's
+    capture, ``contextlib.redirect_stderr``): records went to the old stream, or failed on it once
+    it was closed."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ sets it
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if not any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) for h in log.handlers):
-        console = logging.StreamHandler(sys.stderr)
+    if not any(isinstance(h, _Console) for h in log.handlers):
+        console = _Console()
         console.setFormatter(logging.Formatter("%(message)s"))
         log.addHandler(console)
     log.setLevel(logging.INFO)

@@ -43,6 +43,22 @@ def write_sentiment_corpus(directory: Path, name: str = "toy", sizes=(240, 60, 6
     return directory
 
 
+@pytest.fixture(autouse=True)
+def cpu_unless_marked_gpu(request, monkeypatch):
+    """Tests not marked ``gpu`` see no GPU, so that on a machine with one they check the CPU path,
+    as CI does (``train.device: auto`` would otherwise train them on the GPU); the gpu-marked ones
+    name their device. Subprocesses get ``CUDA_VISIBLE_DEVICES`` from :func:`without_gpu`."""
+    if request.node.get_closest_marker("gpu") is None:
+        import torch
+
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+def without_gpu(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a subprocess that must not see a GPU (see :func:`cpu_unless_marked_gpu`)."""
+    return {**env, "CUDA_VISIBLE_DEVICES": ""}
+
+
 @pytest.fixture
 def toy_corpus(tmp_path: Path) -> Path:
     return write_sentiment_corpus(tmp_path / "data")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import without_gpu
 
 from seqzoo.cli import main
 from seqzoo.config import load_config
@@ -221,7 +222,7 @@ sys.exit(main(sys.argv[1:]))
 @pytest.mark.parametrize("schedule", [[], ["optim.schedule=linear", "optim.warmup_steps=15"]], ids=["const", "linear"])
 def test_resume_after_sigkill_reproduces_uninterrupted_run(toy_corpus, tmp_path, schedule):
     config = _config_yaml(toy_corpus, tmp_path)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = without_gpu({**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
     base = [sys.executable, "-c", _KILLER, "train", "--set", "train.threads=1"]  # + CONFIG or --resume RUN
     base += [arg for override in schedule for arg in ("--set", override)]
     # 240 examples / batch 8 = 30 batches per epoch; checkpoints every 10 steps.
@@ -258,7 +259,7 @@ def test_resume_after_sigkill_at_the_step_that_spent_the_budget(toy_corpus, tmp_
     """The checkpoint of the budget's last step is saved before that epoch's dev evaluation; a run
     killed in between must evaluate the epoch when resumed (it used to find no best/ and fail)."""
     config = _config_yaml(toy_corpus, tmp_path)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = without_gpu({**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
     base = [sys.executable, "-c", _KILLER, "train", "--set", "train.threads=1"]  # + CONFIG or --resume RUN
     base += ["--set", "train.max_steps=40"]  # 30 steps per epoch, checkpoints every 10: one at step 40
     killed = subprocess.run(  # evaluations: epoch 1's dev, then the cut epoch 2's dev
@@ -589,3 +590,21 @@ def test_train_device_is_checked_and_a_missing_gpu_is_a_clear_error(toy_corpus, 
     err = capsys.readouterr().err
     assert "train.device is 'cuda:0' but torch sees 0 CUDA device(s) here; run with --set train.device=cpu" in err
     assert main(["train", str(config), "--run-dir", str(tmp_path / "gpu"), "--set", "train.device=cuda"]) == 2
+
+
+def test_the_console_log_follows_stderr_from_call_to_call(toy_corpus, tmp_path):
+    """`main` called twice in one process with stderr redirected in between (pytest, notebooks,
+    contextlib.redirect_stderr) logs to the stderr of each call; it kept writing to the first
+    call's stream, and failed ("--- Logging error ---") once that stream was closed."""
+    import contextlib
+
+    config = _config_yaml(toy_corpus, tmp_path)
+    streams = []
+    for name in ("first", "second"):
+        with contextlib.redirect_stderr(io.StringIO()) as stream:
+            assert main(["train", str(config), "--run-dir", str(tmp_path / name), "--set", "train.epochs=1"]) == 0
+        streams.append(stream.getvalue())
+        stream.close()
+    for name, text in zip(("first", "second"), streams, strict=True):
+        assert f"-> {tmp_path / name}" in text and "test accuracy" in text
+        assert "Logging error" not in text
