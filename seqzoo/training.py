@@ -67,7 +67,7 @@ log = logging.getLogger("seqzoo")
 
 #: Keys of metric records about timing (how long, how fast, and the step an interrupted epoch's
 #: timing starts from); they differ between otherwise identical runs.
-TIMING_KEYS = ("seconds", "tokens_per_s", "resumed_at_step")
+TIMING_KEYS = ("seconds", "tokens_per_s", "checkpoint_seconds", "resumed_at_step")
 
 
 class TrainingError(RuntimeError):
@@ -327,7 +327,7 @@ class Trainer:
             dynamic_ncols=True,
         )
         task.model.train()
-        start, tokens_seen = time.perf_counter(), 0
+        start, tokens_seen, saving = time.perf_counter(), 0, 0.0  # saving: checkpoint writes, not training
         steps = total_steps(cfg.train, len(batches))
         for index in range(state["step_in_epoch"], len(batches)):
             if _budget_spent(state, cfg):
@@ -356,15 +356,17 @@ class Trainer:
             tokens_seen += tokens
             bar.update(1)
             if bar.n % 10 == 0 or index + 1 == len(batches):
-                rate = tokens_seen / max(time.perf_counter() - start, 1e-9)
+                rate = tokens_seen / max(time.perf_counter() - start - saving, 1e-9)
                 bar.set_postfix(loss=f"{self._epoch_loss():.4f}", tok_s=f"{rate:,.0f}")
             if not show and cfg.train.log_every and (index + 1) % cfg.train.log_every == 0:
-                self._log_progress(epoch, index + 1, len(batches), time.perf_counter() - start, tokens_seen)
+                self._log_progress(epoch, index + 1, len(batches), time.perf_counter() - start - saving, tokens_seen)
             if cfg.train.checkpoint_every and state["global_step"] % cfg.train.checkpoint_every == 0:
+                began = time.perf_counter()
                 self._save_last()
+                saving += time.perf_counter() - began
         bar.close()
-        seconds = time.perf_counter() - start
-        self._end_epoch(epoch, seconds, tokens_seen, resumed_at)
+        seconds = time.perf_counter() - start - saving
+        self._end_epoch(epoch, seconds, tokens_seen, resumed_at, saving)
 
     def _epoch_loss(self) -> float:
         """The mean training loss of the epoch so far."""
@@ -382,7 +384,7 @@ class Trainer:
             seconds / 60,
         )
 
-    def _end_epoch(self, epoch: int, seconds: float, tokens: int, resumed_at: int) -> None:
+    def _end_epoch(self, epoch: int, seconds: float, tokens: int, resumed_at: int, saving: float) -> None:
         cfg, task, state = self.config, self.task, self.state
         dev = task.evaluate("dev")
         value = dev[task.metric]
@@ -396,8 +398,9 @@ class Trainer:
             "train_loss": self._epoch_loss(),  # the objective: with the regulariser, when there is one
             **({"train_auxiliary": auxiliary} if auxiliary else {}),  # ... which is this part of it
             **{f"dev_{k}": v for k, v in dev.items()},
-            "seconds": round(seconds, 3),
+            "seconds": round(seconds, 3),  # training steps only: checkpoint writes are apart
             "tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
+            "checkpoint_seconds": round(saving, 3),
             **({"resumed_at_step": resumed_at} if resumed_at else {}),  # seconds and tokens/s: the steps after it
         }
         log.info(

@@ -347,3 +347,22 @@ def test_the_regulariser_is_reported_apart_from_the_training_loss(corpus, tmp_pa
     args["disagreement"] = 0.0
     run(make_config(corpus, tmp_path, model=model, train={"epochs": 1}), tmp_path / "plain")
     assert "train_auxiliary" not in _records(tmp_path / "plain")[0]
+
+
+def test_tokens_outside_the_training_vocabulary_are_counted_in_a_warning(corpus, tmp_path, caplog):
+    """Dev/test tokens that training never saw are scored as <unk>: the log says how many (at char
+    level they raise the BPC: <unk> is never a training target). Splits without any: no warning."""
+    for level in ("char", "word"):
+        caplog.clear()
+        LMTask(make_config(corpus, tmp_path, level=level), read_splits(make_config(corpus, tmp_path, level=level).data))
+        assert not [r for r in caplog.records if "training vocabulary" in r.getMessage()]
+    test = corpus / "test.txt"
+    test.write_text(test.read_text(encoding="utf-8") + "the zebra sat on the quilt .\n", encoding="utf-8")
+    for level, (count, distinct) in (("char", (2, 2)), ("word", (2, 2))):  # z and q; zebra and quilt
+        caplog.clear()
+        config = make_config(corpus, tmp_path, level=level)
+        LMTask(config, read_splits(config.data))
+        [message] = [r.getMessage() for r in caplog.records if "training vocabulary" in r.getMessage()]
+        assert message.startswith(f"test: {count} of its ")
+        assert f"; {distinct} distinct) are not in the training vocabulary" in message
+        assert ("they raise the BPC" in message) is (level == "char")

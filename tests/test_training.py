@@ -608,3 +608,26 @@ def test_the_console_log_follows_stderr_from_call_to_call(toy_corpus, tmp_path):
     for name, text in zip(("first", "second"), streams, strict=True):
         assert f"-> {tmp_path / name}" in text and "test accuracy" in text
         assert "Logging error" not in text
+
+
+def test_epoch_time_leaves_out_checkpoint_writes(toy_corpus, tmp_path, monkeypatch):
+    """An epoch's ``seconds`` and ``tokens_per_s`` count its training steps; the checkpoint
+    writes within it (every ``train.checkpoint_every`` steps) are ``checkpoint_seconds``. A clock
+    that jumps 100 s in each mid-epoch write tells the two apart."""
+    import time
+
+    from seqzoo.training import Trainer
+
+    jumps, real_clock, save = [0.0], time.perf_counter, Trainer._save_last
+
+    def slow_save(self):
+        save(self)
+        jumps[0] += 100.0
+
+    monkeypatch.setattr(time, "perf_counter", lambda: real_clock() + jumps[0])
+    monkeypatch.setattr(Trainer, "_save_last", slow_save)
+    config = _config_yaml(toy_corpus, tmp_path)  # 30 batches per epoch, checkpoint_every 10
+    assert main(["train", str(config), "--run-dir", str(tmp_path / "r"), "--set", "train.epochs=1"]) == 0
+    epoch = json.loads((tmp_path / "r/metrics.jsonl").read_text().splitlines()[0])
+    assert epoch["checkpoint_seconds"] >= 300  # three writes, at steps 10, 20 and 30
+    assert epoch["seconds"] < 100 and epoch["tokens_per_s"] > 0

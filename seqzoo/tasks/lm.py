@@ -138,6 +138,20 @@ class LMTask:
         self.metric = "ppl" if self.level == "word" else "bpc"
         self.vocab = vocab or build_lm_vocab(tokens["train"], self.level)
         self.ids = {split: torch.tensor(self.vocab.encode(toks), dtype=torch.long) for split, toks in tokens.items()}
+        for split, toks in tokens.items():
+            unseen = 0 if split == "train" else sum(token not in self.vocab for token in set(toks))
+            if unseen:
+                count = sum(token not in self.vocab for token in toks)
+                log.warning(
+                    "%s: %d of its %d tokens (%.4f %%; %d distinct) are not in the training vocabulary and are "
+                    "scored as <unk>%s",
+                    split,
+                    count,
+                    len(toks),
+                    100 * count / len(toks),
+                    unseen,
+                    ", which training never shows as a target: they raise the BPC" if self.level == "char" else "",
+                )
         #: The token that ends a line: ``<eos>`` or ``"\n"`` (None for single-line char corpora like text8).
         line_end = EOS if self.level == "word" else "\n"
         self.line_end_id = self.vocab.token_to_id(line_end) if line_end in self.vocab else None
