@@ -207,7 +207,8 @@ def test_resuming_on_cuda_restores_the_gpu_generator(toy_corpus, tmp_path):
             assert b[key] == (pytest.approx(value, rel=1e-5) if isinstance(value, float) else value), key
 
 
-def test_a_language_model_trains_evaluates_and_samples_on_cuda(tmp_path, capsys):
+def _lm_config(tmp_path: Path) -> Path:
+    """A char LM on a repeated line, with a QRNN whose carried state crosses the TBPTT windows."""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     line = "the cat sat on the mat . a dog ran to the river .\n"
@@ -221,10 +222,15 @@ task: lm
 data: {{data_dir: {corpus}, level: char, batch_size: 4, eval_batch_size: 3, bptt: 20, embedding_dim: 16}}
 model: {{encoder: qrnn, encoder_args: {{hidden_size: 32, num_layers: 2, window: 2, zoneout: 0.1}}, dropout: 0.1}}
 optim: {{optimizer: adam, lr: 0.01}}
-train: {{epochs: 2, patience: null, progress: false, device: cuda}}
+train: {{epochs: 2, patience: null, progress: false, checkpoint_every: 10, device: cuda}}
 """,
         encoding="utf-8",
     )
+    return config
+
+
+def test_a_language_model_trains_evaluates_and_samples_on_cuda(tmp_path, capsys):
+    config = _lm_config(tmp_path)
     run_dir = tmp_path / "run"
     assert main(["train", str(config), "--run-dir", str(run_dir)]) == 0
     test = _records(run_dir)[-1]
@@ -234,3 +240,35 @@ train: {{epochs: 2, patience: null, progress: false, device: cuda}}
     assert json.loads(capsys.readouterr().out.splitlines()[0])["bpc"] == pytest.approx(test["test_bpc"], rel=1e-4)
     assert main(["sample", str(run_dir), "--length", "30", "--prime", "the "]) == 0
     assert capsys.readouterr().out.startswith("the ")
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_a_language_model_resumed_mid_epoch_on_cuda_goes_on_from_its_carried_state(tmp_path, monkeypatch):
+    """The carried (c, window) state saved mid-epoch comes back on the GPU (it is stored on the
+    CPU), and the resumed run matches the uninterrupted one."""
+    from seqzoo.tasks.lm import LMTask
+
+    config = _lm_config(tmp_path)
+    assert main(["train", str(config), "--run-dir", str(tmp_path / "clean")]) == 0
+    original, calls = LMTask.train_loss, []
+
+    def dying(self, batch):
+        calls.append(batch)
+        if len(calls) == 15:  # 5 steps after the checkpoint at step 10, mid epoch 1
+            raise _Killed
+        return original(self, batch)
+
+    monkeypatch.setattr(LMTask, "train_loss", dying)
+    with pytest.raises(_Killed):
+        main(["train", str(config), "--run-dir", str(tmp_path / "killed")])
+    monkeypatch.setattr(LMTask, "train_loss", original)
+    saved = json.loads((tmp_path / "killed/last/train_state.json").read_text())
+    assert saved["loop"]["step_in_epoch"] == 10 and saved["extra"]["state"] is not None
+    assert main(["train", "--resume", str(tmp_path / "killed")]) == 0
+    clean, resumed = _records(tmp_path / "clean"), _records(tmp_path / "killed")
+    for a, b in zip(clean, resumed, strict=True):
+        for key, value in a.items():
+            assert b[key] == (pytest.approx(value, rel=1e-5) if isinstance(value, float) else value), key

@@ -188,7 +188,7 @@ class LMTask:
         return {"state": self._state}
 
     def load_extra_state(self, extra: dict[str, Any]) -> None:
-        self._state = _as_tuples(extra["state"])
+        self._state = _restored(extra["state"], self.device)
 
     @torch.no_grad()
     def token_nll(self, split: str) -> Tensor:
@@ -245,13 +245,14 @@ def _token_nll(logits: Tensor, targets: Tensor) -> Tensor:
     return nll.view(targets.shape).double()
 
 
-def _as_tuples(state: Any) -> State:
-    """Checkpoints store tuples as lists; encoders return (and expect) tuples."""
+def _restored(state: Any, device: torch.device) -> State:
+    """A carried state as a checkpoint stores it (tuples as lists, tensors on the CPU) made what
+    the encoder returns and expects again: tuples, tensors on the model's ``device``."""
     if isinstance(state, list):
-        return tuple(_as_tuples(s) for s in state)
+        return tuple(_restored(s, device) for s in state)
     if isinstance(state, dict):
-        return {k: _as_tuples(v) for k, v in state.items()}
-    return state
+        return {k: _restored(v, device) for k, v in state.items()}
+    return state.to(device) if isinstance(state, Tensor) else state
 
 
 def build_tasks(config: RunConfig) -> list[tuple[str, LMTask]]:
