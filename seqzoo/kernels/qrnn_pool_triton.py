@@ -12,6 +12,8 @@ for float64 gates. Imported only for CUDA tensors (or under ``TRITON_INTERPRET=1
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import Tensor
 
@@ -219,6 +221,12 @@ if triton is not None:
         tl.store(dc0 + b * H + cols, tl.where(m0, 1.0 - (1.0 - f0) * scale0, 1.0) * dc, mask=valid)
 
 
+def _launching_on(gates: Tensor) -> contextlib.AbstractContextManager:
+    """Triton launches on the current CUDA device: make it the tensors' (``cuda:1`` with ``cuda:0``
+    current would run on the wrong GPU)."""
+    return torch.cuda.device(gates.device) if gates.is_cuda else contextlib.nullcontext()
+
+
 def _accumulator(gates: Tensor) -> object:
     """The kernels' arithmetic type: float64 for float64 gates (gradcheck), else float32 (which
     half-precision gates are widened to)."""
@@ -233,27 +241,28 @@ class _TritonPool(torch.autograd.Function):
         c_last = gates.new_empty(batch, hidden)
         c_all = gates.new_empty(batch, time, hidden) if ctx.needs_input_grad[0] or ctx.needs_input_grad[2] else h
         grid = (batch, triton.cdiv(hidden, _BLOCK))
-        _forward_kernel[grid](
-            gates,
-            lengths,
-            c0 if c0 is not None else gates,
-            keep if keep is not None else gates,
-            h,
-            c_all,
-            c_last,
-            keep_prob,
-            time,
-            hidden,
-            POOLING=_POOL_CODE[pooling],
-            G=groups,
-            REVERSE=reverse,
-            HAS_C0=c0 is not None,
-            HAS_KEEP=keep is not None,
-            SAVE_C=c_all is not h,
-            BLOCK=_BLOCK,
-            CHUNK=_CHUNK,
-            ACC=_accumulator(gates),
-        )
+        with _launching_on(gates):
+            _forward_kernel[grid](
+                gates,
+                lengths,
+                c0 if c0 is not None else gates,
+                keep if keep is not None else gates,
+                h,
+                c_all,
+                c_last,
+                keep_prob,
+                time,
+                hidden,
+                POOLING=_POOL_CODE[pooling],
+                G=groups,
+                REVERSE=reverse,
+                HAS_C0=c0 is not None,
+                HAS_KEEP=keep is not None,
+                SAVE_C=c_all is not h,
+                BLOCK=_BLOCK,
+                CHUNK=_CHUNK,
+                ACC=_accumulator(gates),
+            )
         ctx.config = (keep_prob, pooling, reverse)
         ctx.save_for_backward(gates, lengths, c0, keep, c_all)
         return h, c_last
@@ -275,28 +284,29 @@ class _TritonPool(torch.autograd.Function):
         dgates = torch.empty_like(gates)
         dc0 = torch.empty_like(dc_last, dtype=gates.dtype)
         grid = (batch, triton.cdiv(hidden, _BLOCK))
-        _backward_kernel[grid](
-            gates,
-            lengths,
-            c0 if c0 is not None else gates,
-            keep if keep is not None else gates,
-            c_all,
-            dh.contiguous(),
-            dc_last.contiguous(),
-            dgates,
-            dc0,
-            keep_prob,
-            time,
-            hidden,
-            POOLING=_POOL_CODE[pooling],
-            G=groups,
-            REVERSE=reverse,
-            HAS_C0=c0 is not None,
-            HAS_KEEP=keep is not None,
-            BLOCK=_BLOCK,
-            CHUNK=_CHUNK,
-            ACC=_accumulator(gates),
-        )
+        with _launching_on(gates):
+            _backward_kernel[grid](
+                gates,
+                lengths,
+                c0 if c0 is not None else gates,
+                keep if keep is not None else gates,
+                c_all,
+                dh.contiguous(),
+                dc_last.contiguous(),
+                dgates,
+                dc0,
+                keep_prob,
+                time,
+                hidden,
+                POOLING=_POOL_CODE[pooling],
+                G=groups,
+                REVERSE=reverse,
+                HAS_C0=c0 is not None,
+                HAS_KEEP=keep is not None,
+                BLOCK=_BLOCK,
+                CHUNK=_CHUNK,
+                ACC=_accumulator(gates),
+            )
         return dgates, None, dc0 if ctx.needs_input_grad[2] else None, None, None, None, None
 
 
