@@ -227,16 +227,31 @@ def _launching_on(gates: Tensor) -> contextlib.AbstractContextManager:
     return torch.cuda.device(gates.device) if gates.is_cuda else contextlib.nullcontext()
 
 
-def _accumulator(gates: Tensor) -> object:
-    """The kernels' arithmetic type: float64 for float64 gates (gradcheck), else float32 (which
-    half-precision gates are widened to)."""
-    return tl.float64 if gates.dtype == torch.float64 else tl.float32
+def _pointers(gates: Tensor, c0: Tensor | None, keep: Tensor | None) -> tuple[Tensor, Tensor]:
+    """``c0`` and ``keep`` for the kernels' pointer arguments: an absent one passes ``gates``, which
+    the kernel never reads there (``HAS_C0`` / ``HAS_KEEP`` are false)."""
+    return (gates if c0 is None else c0), (gates if keep is None else keep)
+
+
+def _constants(gates: Tensor, c0: Tensor | None, keep: Tensor | None, pooling: str, reverse: bool) -> dict:
+    """The compile-time arguments both kernels take. Arithmetic is in float64 for float64 gates
+    (gradcheck), else in float32 (which half-precision gates are widened to)."""
+    return {
+        "POOLING": _POOL_CODE[pooling],
+        "G": gates.shape[2],
+        "REVERSE": reverse,
+        "HAS_C0": c0 is not None,
+        "HAS_KEEP": keep is not None,
+        "BLOCK": _BLOCK,
+        "CHUNK": _CHUNK,
+        "ACC": tl.float64 if gates.dtype == torch.float64 else tl.float32,
+    }
 
 
 class _TritonPool(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gates, lengths, c0, keep, keep_prob, pooling, reverse):
-        batch, time, groups, hidden = gates.shape
+        batch, time, _, hidden = gates.shape
         h = gates.new_empty(batch, time, hidden)
         c_last = gates.new_empty(batch, hidden)
         c_all = gates.new_empty(batch, time, hidden) if ctx.needs_input_grad[0] or ctx.needs_input_grad[2] else h
@@ -245,23 +260,15 @@ class _TritonPool(torch.autograd.Function):
             _forward_kernel[grid](
                 gates,
                 lengths,
-                c0 if c0 is not None else gates,
-                keep if keep is not None else gates,
+                *_pointers(gates, c0, keep),
                 h,
                 c_all,
                 c_last,
                 keep_prob,
                 time,
                 hidden,
-                POOLING=_POOL_CODE[pooling],
-                G=groups,
-                REVERSE=reverse,
-                HAS_C0=c0 is not None,
-                HAS_KEEP=keep is not None,
                 SAVE_C=c_all is not h,
-                BLOCK=_BLOCK,
-                CHUNK=_CHUNK,
-                ACC=_accumulator(gates),
+                **_constants(gates, c0, keep, pooling, reverse),
             )
         ctx.config = (keep_prob, pooling, reverse)
         ctx.save_for_backward(gates, lengths, c0, keep, c_all)
@@ -280,7 +287,7 @@ class _TritonPool(torch.autograd.Function):
             needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[2])
             dgates, dc0 = reference_gradients(recompute, (gates, c0), needs, (dh, dc_last))
             return dgates, None, dc0, None, None, None, None
-        batch, time, groups, hidden = gates.shape
+        batch, time, _, hidden = gates.shape
         dgates = torch.empty_like(gates)
         dc0 = torch.empty_like(dc_last, dtype=gates.dtype)
         grid = (batch, triton.cdiv(hidden, _BLOCK))
@@ -288,8 +295,7 @@ class _TritonPool(torch.autograd.Function):
             _backward_kernel[grid](
                 gates,
                 lengths,
-                c0 if c0 is not None else gates,
-                keep if keep is not None else gates,
+                *_pointers(gates, c0, keep),
                 c_all,
                 dh.contiguous(),
                 dc_last.contiguous(),
@@ -298,14 +304,7 @@ class _TritonPool(torch.autograd.Function):
                 keep_prob,
                 time,
                 hidden,
-                POOLING=_POOL_CODE[pooling],
-                G=groups,
-                REVERSE=reverse,
-                HAS_C0=c0 is not None,
-                HAS_KEEP=keep is not None,
-                BLOCK=_BLOCK,
-                CHUNK=_CHUNK,
-                ACC=_accumulator(gates),
+                **_constants(gates, c0, keep, pooling, reverse),
             )
         return dgates, None, dc0 if ctx.needs_input_grad[2] else None, None, None, None, None
 
