@@ -122,3 +122,18 @@ def test_analytic_flops_equal_the_matmuls_torch_counts(composition):
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         encoder.eval()(torch.randn(2, 3, n))
     assert counter.get_total_flops() == 2 * 3 * expected
+
+
+@pytest.mark.parametrize("bench", ["encoders", "mzu"])
+def test_bench_device_must_be_cpu_or_a_cuda_device_torch_sees(capsys, bench):
+    for device, message in (
+        ("mps", "benchmarks run on cpu or cuda"),
+        ("gpu0", "expected a device such as cpu or cuda"),
+    ):
+        with pytest.raises(SystemExit):
+            main(["bench", bench, "--device", device])
+        assert message in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            main(["bench", bench, "--device", "cuda"])
+        assert "cuda: torch sees no CUDA device here" in capsys.readouterr().err
