@@ -1,4 +1,5 @@
-"""The GPU paths: every encoder and the Triton pooling kernel on CUDA against the CPU.
+"""The GPU paths: every encoder and the Triton pooling kernel on CUDA against the CPU, and
+training, resuming, evaluating and sampling with ``train.device: cuda``.
 
 Skipped without a CUDA device (CI has none); run them where one exists with
 ``pytest -m gpu``. Each check compares a CUDA run with the same module's CPU run on the same
