@@ -18,6 +18,7 @@ from torch import Tensor
 
 from seqzoo.data.batching import pad_batch
 from seqzoo.plots import save_figure
+from seqzoo.training import model_device
 
 log = logging.getLogger("seqzoo")
 
@@ -58,7 +59,7 @@ def hidden_states(task, text: str, channels: int | None = None) -> HiddenStates:
     ids, mask = pad_batch([task.vocab.encode(tokens)])
     was_training = model.training
     model.eval()
-    device = model.embedding.weight.device
+    device = model_device(model)
     outputs, _ = model.encoder(model.embedding(ids.to(device)), mask.to(device))  # (1, T, D)
     model.train(was_training)
     states = outputs[0].cpu()

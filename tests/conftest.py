@@ -59,6 +59,17 @@ def without_gpu(env: dict[str, str]) -> dict[str, str]:
     return {**env, "CUDA_VISIBLE_DEVICES": ""}
 
 
+def metric_records(run_dir: Path) -> list[dict]:
+    """A run's ``metrics.jsonl`` records without their timing keys (which differ between otherwise
+    identical runs)."""
+    import json
+
+    from seqzoo.training import TIMING_KEYS
+
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS} for line in lines]
+
+
 @pytest.fixture
 def toy_corpus(tmp_path: Path) -> Path:
     return write_sentiment_corpus(tmp_path / "data")

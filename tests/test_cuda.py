@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import metric_records
 
 from seqzoo import build_encoder
 from seqzoo.cli import main
 from seqzoo.kernels.qrnn_pool import POOLINGS, pool_backend, qrnn_pool, qrnn_pool_reference
 from seqzoo.testing import assert_contract
-from seqzoo.training import TIMING_KEYS
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -173,17 +173,12 @@ train: {{epochs: 3, batch_size: 8, patience: null, checkpoint_every: 10, seed: 3
     return path
 
 
-def _records(run_dir: Path) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS} for line in lines]
-
-
 def test_a_run_trained_on_cuda_evaluates_alike_on_the_cpu(toy_corpus, tmp_path, capsys):
     config = _classifier_config(toy_corpus, tmp_path)
     run_dir = tmp_path / "run"
     assert main(["train", str(config), "--run-dir", str(run_dir), "--set", "train.device=cuda"]) == 0
     assert "training on cuda" in (run_dir / "train.log").read_text()
-    test = _records(run_dir)[-1]
+    test = metric_records(run_dir)[-1]
     assert test["test_accuracy"] >= 0.8  # the toy task is learnable
     capsys.readouterr()
     for device in ("cuda", "cpu"):
@@ -201,7 +196,7 @@ def test_resuming_on_cuda_restores_the_gpu_generator(toy_corpus, tmp_path):
     assert main(["train", str(config), "--run-dir", str(tmp_path / "whole"), "--set", "train.epochs=2", *device]) == 0
     assert main(["train", str(config), "--run-dir", str(tmp_path / "cut"), "--set", "train.epochs=1", *device]) == 0
     assert main(["train", "--resume", str(tmp_path / "cut"), "--set", "train.epochs=2", *device]) == 0
-    whole, cut = _records(tmp_path / "whole"), _records(tmp_path / "cut")
+    whole, cut = metric_records(tmp_path / "whole"), metric_records(tmp_path / "cut")
     assert [r["event"] for r in cut] == ["epoch", "epoch", "test"]
     for a, b in zip(whole, cut, strict=True):
         for key, value in a.items():
@@ -234,7 +229,7 @@ def test_a_language_model_trains_evaluates_and_samples_on_cuda(tmp_path, capsys)
     config = _lm_config(tmp_path)
     run_dir = tmp_path / "run"
     assert main(["train", str(config), "--run-dir", str(run_dir)]) == 0
-    test = _records(run_dir)[-1]
+    test = metric_records(run_dir)[-1]
     assert test["test_bpc"] < 2.5  # learning: a uniform guess over the 20 symbols is 4.4 bits
     capsys.readouterr()
     assert main(["evaluate", str(run_dir), "--set", "train.device=cpu"]) == 0
@@ -269,7 +264,7 @@ def test_a_language_model_resumed_mid_epoch_on_cuda_goes_on_from_its_carried_sta
     saved = json.loads((tmp_path / "killed/last/train_state.json").read_text())
     assert saved["loop"]["step_in_epoch"] == 10 and saved["extra"]["state"] is not None
     assert main(["train", "--resume", str(tmp_path / "killed")]) == 0
-    clean, resumed = _records(tmp_path / "clean"), _records(tmp_path / "killed")
+    clean, resumed = metric_records(tmp_path / "clean"), metric_records(tmp_path / "killed")
     for a, b in zip(clean, resumed, strict=True):
         for key, value in a.items():
             assert b[key] == (pytest.approx(value, rel=1e-5) if isinstance(value, float) else value), key

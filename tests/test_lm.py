@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import metric_records
 
 from seqzoo.checkpoint import join_tensors, split_tensors
 from seqzoo.cli import main
@@ -17,7 +18,6 @@ from seqzoo.data.errors import DataError
 from seqzoo.data.lm import batchify
 from seqzoo.runner import load_task, run
 from seqzoo.tasks.lm import LMTask, loss_by_length_bucket, plot_length_buckets, read_splits, sample
-from seqzoo.training import TIMING_KEYS
 
 SUBJECTS = ["the cat", "a dog", "the old bird", "my friend"]
 VERBS = ["sat on", "ran to", "looked at", "slept under"]
@@ -65,11 +65,6 @@ def make_config(data_dir: Path, tmp_path: Path, level: str = "word", **sections)
 @pytest.fixture
 def corpus(tmp_path: Path) -> Path:
     return write_corpus(tmp_path / "corpus")
-
-
-def _records(run_dir: Path) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS} for line in lines]
 
 
 def test_streams_and_targets_line_up(corpus, tmp_path):
@@ -145,7 +140,7 @@ def test_metric_formulas_on_a_uniform_model(corpus, tmp_path):
 def test_training_lowers_the_loss_and_tied_weights_checkpoint(corpus, tmp_path):
     config = make_config(corpus, tmp_path, train={"epochs": 3})
     run(config, tmp_path / "r")
-    records = _records(tmp_path / "r")
+    records = metric_records(tmp_path / "r")
     dev = [r["dev_loss"] for r in records if r["event"] == "epoch"]
     vocab_size = len(json.loads((tmp_path / "r/best/vocab.json").read_text())["tokens"])
     assert dev[-1] < dev[0] < math.log(vocab_size)
@@ -203,7 +198,7 @@ def test_resume_mid_epoch_reproduces_uninterrupted_run(corpus, tmp_path, monkeyp
     assert saved["extra"]["state"] is not None  # the carried (h, c) is part of the checkpoint
     resumed = run(config, tmp_path / "killed", resume=True)
     assert resumed == clean
-    assert _records(tmp_path / "killed") == _records(tmp_path / "clean")
+    assert metric_records(tmp_path / "killed") == metric_records(tmp_path / "clean")
     raw = [json.loads(line) for line in (tmp_path / "killed/metrics.jsonl").read_text().splitlines()]
     assert [r.get("resumed_at_step") for r in raw] == [None, saved["loop"]["step_in_epoch"], None]  # epoch 2's timing
 
@@ -334,7 +329,7 @@ def test_the_regulariser_is_reported_apart_from_the_training_loss(corpus, tmp_pa
     model = {"encoder": "mzu", "encoder_args": args, "tie_weights": False}
     config = make_config(corpus, tmp_path, model=model, train={"epochs": 1, "checkpoint_every": 5})
     run(config, tmp_path / "mzu")
-    epoch = _records(tmp_path / "mzu")[0]
+    epoch = metric_records(tmp_path / "mzu")[0]
     assert 0 < epoch["train_auxiliary"] < epoch["train_loss"]  # -lambda*D_zone, D_zone in [-1, 0]
     assert "(regulariser +" in (tmp_path / "mzu/train.log").read_text()
     state_path = tmp_path / "mzu/last/train_state.json"
@@ -343,10 +338,10 @@ def test_the_regulariser_is_reported_apart_from_the_training_loss(corpus, tmp_pa
     state_path.write_text(json.dumps(state))
     more = dataclasses.replace(config, train=dataclasses.replace(config.train, epochs=2))
     run(more, tmp_path / "mzu", resume=True)
-    assert [r["event"] for r in _records(tmp_path / "mzu")] == ["epoch", "epoch", "test"]
+    assert [r["event"] for r in metric_records(tmp_path / "mzu")] == ["epoch", "epoch", "test"]
     args["disagreement"] = 0.0
     run(make_config(corpus, tmp_path, model=model, train={"epochs": 1}), tmp_path / "plain")
-    assert "train_auxiliary" not in _records(tmp_path / "plain")[0]
+    assert "train_auxiliary" not in metric_records(tmp_path / "plain")[0]
 
 
 def test_tokens_outside_the_training_vocabulary_are_counted_in_a_warning(corpus, tmp_path, caplog):

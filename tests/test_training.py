@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import without_gpu
+from conftest import metric_records, without_gpu
 
 from seqzoo.cli import main
 from seqzoo.config import load_config
 from seqzoo.runner import format_summary, run, summarize
-from seqzoo.training import TIMING_KEYS, TrainingError
+from seqzoo.training import TrainingError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,16 +40,11 @@ def _config_yaml(data_dir: Path, tmp_path: Path, **extra: str) -> Path:
     return path
 
 
-def _records(run_dir: Path) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS} for line in lines]
-
-
 def test_train_evaluate_predict_cli(toy_corpus, tmp_path, capsys, monkeypatch):
     config = _config_yaml(toy_corpus, tmp_path)
     assert main(["train", str(config), "--run-dir", str(tmp_path / "r"), "--set", "train.epochs=4"]) == 0
     run_dir = tmp_path / "r"
-    records = _records(run_dir)
+    records = metric_records(run_dir)
     assert [r["event"] for r in records] == ["epoch"] * 4 + ["test"]
     assert records[-1]["test_accuracy"] >= 0.8  # the toy task is learnable
     for name in (
@@ -107,7 +102,7 @@ def test_multi_seed_summary_reports_mean_and_std(toy_corpus, tmp_path):
     assert acc["std"] == pytest.approx(abs(values[0] - values[1]) / 2**0.5)
     # A seed of a multi-seed run is the run that seed gives alone, so both kinds of rows can be pooled.
     run(load_config(_config_yaml(toy_corpus, tmp_path), ["train.seed=2", "train.epochs=1"]), tmp_path / "alone")
-    assert _records(tmp_path / "seeds/seed-2") == _records(tmp_path / "alone")
+    assert metric_records(tmp_path / "seeds/seed-2") == metric_records(tmp_path / "alone")
 
 
 def test_summary_lines_show_each_metric_at_its_resolution():
@@ -125,7 +120,7 @@ def test_summary_lines_show_each_metric_at_its_resolution():
 def test_step_budget_stops_mid_epoch_after_evaluating(toy_corpus, tmp_path):
     config = load_config(_config_yaml(toy_corpus, tmp_path), ["train.max_steps=45", "train.epochs=5"])
     run(config, tmp_path / "budget")
-    records = _records(tmp_path / "budget")
+    records = metric_records(tmp_path / "budget")
     assert [r["event"] for r in records] == ["epoch", "epoch", "test"]  # 30 steps per epoch: stops in epoch 2
     state = json.loads((tmp_path / "budget/last/train_state.json").read_text())["loop"]
     assert state["global_step"] == 45
@@ -247,7 +242,7 @@ def test_resume_after_sigkill_reproduces_uninterrupted_run(toy_corpus, tmp_path,
         text=True,
     )
     assert clean.returncode == 0, clean.stderr
-    assert _records(tmp_path / "killed") == _records(tmp_path / "clean")
+    assert metric_records(tmp_path / "killed") == metric_records(tmp_path / "clean")
     for name in ("best/model.safetensors", "last/model.safetensors"):
         from safetensors.torch import load_file
 
@@ -273,8 +268,8 @@ def test_resume_after_sigkill_at_the_step_that_spent_the_budget(toy_corpus, tmp_
     for run_dir, args in ((tmp_path / "killed", ["--resume"]), (tmp_path / "clean", [str(config), "--run-dir"])):
         done = subprocess.run([*base, *args, str(run_dir)], env=env, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
-    assert [r["event"] for r in _records(tmp_path / "killed")] == ["epoch", "epoch", "test"]
-    assert _records(tmp_path / "killed") == _records(tmp_path / "clean")
+    assert [r["event"] for r in metric_records(tmp_path / "killed")] == ["epoch", "epoch", "test"]
+    assert metric_records(tmp_path / "killed") == metric_records(tmp_path / "clean")
 
 
 def test_resume_with_a_larger_step_budget_needs_epochs_left(toy_corpus, tmp_path, caplog):
@@ -291,7 +286,7 @@ def test_resume_with_a_larger_step_budget_needs_epochs_left(toy_corpus, tmp_path
     assert (run_dir / "metrics.jsonl").read_text() == before
     assert "all epochs are done (1 of train.epochs 1)" in caplog.text
     assert main(["train", "--resume", str(run_dir), "--set", "train.max_steps=40", "--set", "train.epochs=2"]) == 0
-    assert [r["event"] for r in _records(run_dir)] == ["epoch", "epoch", "test"]
+    assert [r["event"] for r in metric_records(run_dir)] == ["epoch", "epoch", "test"]
     state = json.loads((run_dir / "last/train_state.json").read_text())["loop"]
     assert (state["epoch"], state["global_step"]) == (2, 40)
 
@@ -366,14 +361,14 @@ def test_resume_with_a_larger_epoch_budget_trains_on(toy_corpus, tmp_path, capsy
     config = str(_config_yaml(toy_corpus, tmp_path))  # 3 epochs
     short, clean = tmp_path / "short", tmp_path / "clean"
     assert main(["train", config, "--run-dir", str(short), "--set", "train.epochs=1"]) == 0
-    assert [r["event"] for r in _records(short)] == ["epoch", "test"]
+    assert [r["event"] for r in metric_records(short)] == ["epoch", "test"]
     for extra in ([config], ["--run-dir", str(clean)]):  # a resumed run keeps its own config and directory
         assert main(["train", *extra, "--resume", str(short), "--set", "train.epochs=3"]) == 2
         assert "with its stored config.yaml" in capsys.readouterr().err
     assert main(["train", "--resume", str(short), "--set", "train.epochs=3"]) == 0
     assert main(["train", config, "--run-dir", str(clean)]) == 0
-    assert [r["event"] for r in _records(short)] == ["epoch"] * 3 + ["test"]
-    assert _records(short) == _records(clean)
+    assert [r["event"] for r in metric_records(short)] == ["epoch"] * 3 + ["test"]
+    assert metric_records(short) == metric_records(clean)
     # Resuming it again under the budget it has reached trains nothing.
     before = (short / "metrics.jsonl").read_text()
     assert main(["train", "--resume", str(short)]) == 0
@@ -394,7 +389,7 @@ def test_resume_with_early_stopping_relaxed_trains_on(toy_corpus, tmp_path, monk
     config = str(_config_yaml(toy_corpus, tmp_path))  # 3 epochs, patience null
     stopped, clean = tmp_path / "stopped", tmp_path / "clean"
     assert main(["train", config, "--run-dir", str(stopped), "--set", "train.patience=1"]) == 0  # stops after 2
-    assert [r["event"] for r in _records(stopped)] == ["epoch", "epoch", "test"]
+    assert [r["event"] for r in metric_records(stopped)] == ["epoch", "epoch", "test"]
     before = (stopped / "metrics.jsonl").read_text()
     assert main(["train", "--resume", str(stopped)]) == 0  # the same rule still stops it
     assert (stopped / "metrics.jsonl").read_text() == before
@@ -403,8 +398,8 @@ def test_resume_with_early_stopping_relaxed_trains_on(toy_corpus, tmp_path, monk
     path.write_text(json.dumps(doc | {"loop": doc["loop"] | {"done": True}}))
     assert main(["train", "--resume", str(stopped), "--set", "train.patience=null"]) == 0
     assert main(["train", config, "--run-dir", str(clean)]) == 0
-    assert [r["event"] for r in _records(stopped)] == ["epoch"] * 3 + ["test"]
-    assert _records(stopped) == _records(clean)
+    assert [r["event"] for r in metric_records(stopped)] == ["epoch"] * 3 + ["test"]
+    assert metric_records(stopped) == metric_records(clean)
 
 
 def test_resume_rejects_loop_state_of_another_version(toy_corpus, tmp_path):
@@ -435,7 +430,7 @@ def test_evaluate_run_trained_with_pretrained_vectors_of_another_size(toy_corpus
     capsys.readouterr()
     assert main(["evaluate", str(tmp_path / "v")]) == 0
     evaluated = json.loads(capsys.readouterr().out.splitlines()[0])
-    assert evaluated["accuracy"] == _records(tmp_path / "v")[-1]["test_accuracy"]
+    assert evaluated["accuracy"] == metric_records(tmp_path / "v")[-1]["test_accuracy"]
 
 
 def test_update_returns_the_gradient_norm_before_clipping():
@@ -498,7 +493,7 @@ def test_trainer_sets_the_scheduled_lr_at_every_step(toy_corpus, tmp_path, monke
     else:  # the step schedules end near min_lr (0)
         assert used[-1] < 0.05 * cfg.lr
     assert used[0] == pytest.approx(cfg.lr / cfg.warmup_steps if cfg.warmup_steps else cfg.lr)
-    epochs = [r for r in _records(tmp_path / "scheduled") if r["event"] == "epoch"]
+    epochs = [r for r in metric_records(tmp_path / "scheduled") if r["event"] == "epoch"]
     assert [r["lr"] for r in epochs] == pytest.approx([used[29], used[-1]])
 
 
@@ -544,7 +539,7 @@ def test_an_encoder_of_your_own_through_the_command_line(toy_corpus, tmp_path, c
 def test_a_run_whose_data_moved_is_evaluated_where_the_data_lies_now(toy_corpus, tmp_path, capsys):
     config, run_dir = str(_config_yaml(toy_corpus, tmp_path)), tmp_path / "moved"
     assert main(["train", config, "--run-dir", str(run_dir), "--set", "train.epochs=1"]) == 0
-    trained = next(r for r in _records(run_dir) if r["event"] == "test")["test_accuracy"]
+    trained = next(r for r in metric_records(run_dir) if r["event"] == "test")["test_accuracy"]
     shutil.move(toy_corpus, tmp_path / "elsewhere")
     capsys.readouterr()
     assert main(["evaluate", str(run_dir)]) == 2

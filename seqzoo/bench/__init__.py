@@ -45,10 +45,11 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def sgemm_flops_per_s(size: int = 2048, repeats: int = 5, device: torch.device | str = "cpu") -> float:
+def sgemm_flops_per_s(size: int | None = None, repeats: int = 5, device: torch.device | str = "cpu") -> float:
     """The device's fp32 matmul rate (under torch's matmul precision setting): the best of
-    ``repeats`` ``size``³ products (FLOP/s)."""
+    ``repeats`` ``size``³ products (FLOP/s); ``size`` defaults to 2048 on the CPU, 4096 on a GPU."""
     device = torch.device(device)
+    size = size or (4096 if device.type == "cuda" else 2048)
     a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
     a @ b
     best = float("inf")

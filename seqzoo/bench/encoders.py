@@ -279,8 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32
     tf32 = {"tf32": args.tf32} if args.device.type == "cuda" else {}
     rows = []
-    size = 4096 if args.device.type == "cuda" else 2048
-    sgemm = round(sgemm_flops_per_s(size, device=args.device) / 1e9, 1)  # the rate a GEMM-bound QRNN follows
+    sgemm = round(sgemm_flops_per_s(device=args.device) / 1e9, 1)  # the rate a GEMM-bound QRNN follows
     for shape in args.shapes:
         for row in measure(
             encoders, shape, args.repeats, args.warmup, args.qrnn_window, args.threads, args.qrnn_pooling, args.device

@@ -137,12 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)
-    size = 4096 if args.device.type == "cuda" else 2048
-
-    def sgemm_rate() -> float:
-        return sgemm_flops_per_s(size, device=args.device)
-
-    sgemm = [sgemm_rate()]
+    sgemm = [sgemm_flops_per_s(device=args.device)]
     mzu = MZU(
         EMBEDDING, HIDDEN, dropout=0.5, composition=args.composition, num_zones=4, filter_size=FILTER,
         capsules=2, routing_iters=3, transition_depth=1, share_transition=True, disagreement=1.0,
@@ -158,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds = _time_training(lm.to(args.device), args.batch, args.bptt, args.repeats)
         flops_per_char = 3 * (encoder_flops + 2 * HIDDEN * VOCAB)
         results.append((name, lm, seconds, flops_per_char))
-    sgemm.append(sgemm_rate())
+    sgemm.append(sgemm_flops_per_s(device=args.device))
     peak = max(sgemm)
     for name, lm, seconds, flops_per_char in results:
         chars_per_s = args.batch * args.bptt / seconds

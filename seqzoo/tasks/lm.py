@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -139,9 +140,9 @@ class LMTask:
         self.vocab = vocab or build_lm_vocab(tokens["train"], self.level)
         self.ids = {split: torch.tensor(self.vocab.encode(toks), dtype=torch.long) for split, toks in tokens.items()}
         for split, toks in tokens.items():
-            unseen = 0 if split == "train" else sum(token not in self.vocab for token in set(toks))
+            unseen = Counter() if split == "train" else Counter(token for token in toks if token not in self.vocab)
             if unseen:
-                count = sum(token not in self.vocab for token in toks)
+                count = sum(unseen.values())
                 log.warning(
                     "%s: %d of its %d tokens (%.4f %%; %d distinct) are not in the training vocabulary and are "
                     "scored as <unk>%s",
@@ -149,7 +150,7 @@ class LMTask:
                     count,
                     len(toks),
                     100 * count / len(toks),
-                    unseen,
+                    len(unseen),
                     ", which training never shows as a target: they raise the BPC" if self.level == "char" else "",
                 )
         #: The token that ends a line: ``<eos>`` or ``"\n"`` (None for single-line char corpora like text8).
