@@ -9,6 +9,9 @@ minutes; a whole epoch's wall-clock (``seqzoo train``) is the reference.
 
     SEQZOO_DATA=../shared/data python benchmarks/step_time.py \\
         configs/imdb_dense_qrnn.yaml configs/imdb_dense_lstm.yaml --steps 40
+
+``--precisions fp32,bf16`` times each config under each ``train.precision`` (mixed precision's
+autocast, as the trainer runs it), one model per config and precision, from the same seed.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import time
 from seqzoo.config import load_config
 from seqzoo.data.io import atomic_write_text
 from seqzoo.runner import task_module
-from seqzoo.training import build_optimizer, set_seed, set_threads, update
+from seqzoo.training import autocast, build_optimizer, model_device, set_seed, set_threads, update
 
 
 def main() -> None:
@@ -30,28 +33,34 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="applied to every config")
     parser.add_argument("--per-step", metavar="PATH", help="also write every step's seconds to PATH (JSONL)")
+    parser.add_argument("--precisions", help="comma-separated train.precision values to time each config under")
     args = parser.parse_args()
     runs = []
     for path in args.configs:
-        cfg = load_config(path, args.set)
-        set_seed(cfg.train.seed)
-        tasks = task_module(cfg.task).build_tasks(cfg)
-        if len(tasks) != 1:
-            parser.error(f"{path}: needs a single task (no folds), got {len(tasks)}")
-        task = tasks[0][1]
-        task.model.train()
-        runs.append((path, cfg, task, build_optimizer(list(task.model.parameters()), cfg.optim), []))
+        for precision in args.precisions.split(",") if args.precisions else [None]:
+            extra = [] if precision is None else [f"train.precision={precision}"]
+            cfg = load_config(path, [*args.set, *extra])
+            set_seed(cfg.train.seed)
+            tasks = task_module(cfg.task).build_tasks(cfg)
+            if len(tasks) != 1:
+                parser.error(f"{path}: needs a single task (no folds), got {len(tasks)}")
+            task = tasks[0][1]
+            task.model.train()
+            runs.append((path, cfg, task, build_optimizer(list(task.model.parameters()), cfg.optim), []))
     set_threads(runs[0][1].train)
     batches = runs[0][2].train_batches(0)[: args.steps]
     for batch in batches:
         for _, cfg, task, optimizer, times in runs:
             start = time.perf_counter()
-            update(task.model, optimizer, task.train_loss(batch).loss, cfg.optim.clip_norm)
+            with autocast(cfg.train.precision, model_device(task.model)):
+                loss = task.train_loss(batch).loss
+            update(task.model, optimizer, loss, cfg.optim.clip_norm)
             times.append(time.perf_counter() - start)
     first = sum(runs[0][4])
-    for path, _, task, _, times in runs:
+    for path, cfg, task, _, times in runs:
         record = {
             "config": path,
+            "precision": cfg.train.precision,
             "steps": len(times),
             "median_s": round(statistics.median(times), 4),
             "total_s": round(sum(times), 2),

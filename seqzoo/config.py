@@ -194,6 +194,9 @@ class TrainConfig:
     progress: bool | None = None  # None = only on a terminal
     log_every: int | None = 100  # without a progress bar: a log line every this many steps (None = off)
     device: str = "auto"  # "auto" (the GPU when torch sees one, else the CPU), "cpu", "cuda" or "cuda:N"
+    # Training steps' forward pass under torch.autocast: "bf16", "fp16" (a GPU only; with loss
+    # scaling), or "fp32" (none). Weights, optimiser state and evaluation stay in float32.
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
 
     def __post_init__(self) -> None:
         names = ("epochs", "max_steps", "batch_size", "eval_batch_size", "patience", "threads", "log_every")

@@ -22,6 +22,7 @@ again. An epoch that the step budget cut short counts as done: to train on after
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -54,7 +55,9 @@ __all__ = [
     "Task",
     "Trainer",
     "TrainingError",
+    "autocast",
     "build_optimizer",
+    "check_precision",
     "model_device",
     "resolve_device",
     "scheduled_lr",
@@ -126,6 +129,28 @@ def resolve_device(spec: str) -> torch.device:
     return device
 
 
+#: ``train.precision``'s autocast dtype (None: no autocast).
+PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def check_precision(precision: str, device: torch.device) -> torch.dtype | None:
+    """``train.precision``'s autocast dtype on ``device``, or a :class:`ConfigError` where it cannot
+    run: float16 on the CPU (oneDNN has no float16 LSTM there; bfloat16 is the CPU's half
+    precision), bfloat16 on a GPU without it."""
+    if precision == "fp16" and device.type != "cuda":
+        raise ConfigError(f"train.precision fp16 needs a GPU, not {device}; on the CPU use bf16")
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError(f"train.precision bf16: {torch.cuda.get_device_name(device)} has no bfloat16; use fp16")
+    return PRECISIONS[precision]
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """The context a training step's forward pass runs in: ``torch.autocast`` to ``precision``'s
+    dtype (:func:`check_precision`), or nothing for "fp32"."""
+    dtype = check_precision(precision, device)
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
+
+
 def model_device(model: nn.Module) -> torch.device:
     """Where ``model``'s parameters live (the CPU for a model without any)."""
     param = next(model.parameters(), None)
@@ -174,15 +199,31 @@ def scheduled_lr(cfg: OptimConfig, lr: float, step: int, total_steps: int) -> fl
     return lr
 
 
-def update(model: nn.Module, optimizer: torch.optim.Optimizer, loss: Tensor, clip_norm: float | None) -> float | None:
+def update(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss: Tensor,
+    clip_norm: float | None,
+    scaler: torch.amp.GradScaler | None = None,
+) -> float | None:
     """One optimiser step on ``loss``: backward, gradient-norm clipping when ``clip_norm``, step.
 
+    With a ``scaler`` (float16 training) the loss is scaled before backward and the gradients
+    unscaled before clipping; a step whose gradients overflowed is skipped and the scale lowered.
     Returns the total gradient norm before clipping (None when not clipping).
     """
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    if scaler is None:
+        loss.backward()
+    else:
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
     norm = float(nn.utils.clip_grad_norm_(model.parameters(), clip_norm)) if clip_norm else None
-    optimizer.step()
+    if scaler is None:
+        optimizer.step()
+    else:
+        scaler.step(optimizer)
+        scaler.update()
     return norm
 
 
@@ -193,6 +234,9 @@ class Trainer:
         self.config, self.task, self.run_dir = config, task, Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.optimizer = build_optimizer(list(task.model.parameters()), config.optim)
+        self.device = model_device(task.model)
+        self.autocast_dtype = check_precision(config.train.precision, self.device)
+        self.scaler = torch.amp.GradScaler(self.device.type) if self.autocast_dtype == torch.float16 else None
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.state: dict[str, Any] = {
             "epoch": 0,
@@ -227,7 +271,7 @@ class Trainer:
         optim_skeleton, optim_tensors = split_tensors(self.optimizer.state_dict())
         extra_skeleton, extra_tensors = split_tensors(getattr(self.task, "extra_state", dict)())
         rng = {"torch": torch.get_rng_state()}
-        device = model_device(self.task.model)
+        device = self.device
         if device.type == "cuda":  # dropout and zoneout on the GPU draw from its own generator
             rng["cuda"] = torch.cuda.get_rng_state(device)
         save_checkpoint_dir(
@@ -239,6 +283,7 @@ class Trainer:
                     "optimizer": optim_skeleton,
                     "extra": extra_skeleton,
                     "python_rng": _jsonable(random.getstate()),
+                    "grad_scaler": None if self.scaler is None else self.scaler.state_dict(),
                 },
                 "config.json": config_to_dict(self.config),
             },
@@ -264,7 +309,7 @@ class Trainer:
             self.task.load_extra_state(join_tensors(doc["extra"], load_tensors(path / "extra.safetensors")))
         rng = load_tensors(path / "rng.safetensors")
         torch.set_rng_state(rng["torch"])
-        device = model_device(self.task.model)
+        device = self.device
         if device.type == "cuda" and "cuda" in rng:
             torch.cuda.set_rng_state(rng["cuda"], device)
         elif (device.type == "cuda") != ("cuda" in rng):
@@ -274,6 +319,8 @@ class Trainer:
                 device,
             )
         random.setstate(_tuples(doc["python_rng"]))
+        if self.scaler is not None and doc.get("grad_scaler"):  # fp16: the loss scale it had reached
+            self.scaler.load_state_dict(doc["grad_scaler"])
         self.state = doc["loop"]
         # Drop metric records written after this checkpoint (the run died before saving again).
         if self.metrics_path.exists():
@@ -291,9 +338,10 @@ class Trainer:
         cfg = self.config
         resolved = yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
         atomic_write_text(self.run_dir / "config.yaml", resolved)
-        device = model_device(self.task.model)
+        device = self.device
         name = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
-        log.info("training on %s%s", device, name)
+        precision = "" if self.autocast_dtype is None else f", mixed precision {cfg.train.precision} (autocast)"
+        log.info("training on %s%s%s", device, name, precision)
         if resume and self._load_last():
             state = self.state
             log.info("resumed %s at epoch %d, step %d", self.run_dir, state["epoch"] + 1, state["step_in_epoch"])
@@ -332,7 +380,8 @@ class Trainer:
         for index in range(state["step_in_epoch"], len(batches)):
             if _budget_spent(state, cfg):
                 break
-            loss, tokens, count, auxiliary = StepLoss(*task.train_loss(batches[index]))  # (a plain 3-tuple too)
+            with autocast(cfg.train.precision, self.device):
+                loss, tokens, count, auxiliary = StepLoss(*task.train_loss(batches[index]))  # (a plain 3-tuple too)
             if not torch.isfinite(loss):
                 bar.close()
                 last, best = resolve_checkpoint(self.run_dir / "last"), resolve_checkpoint(self.run_dir / "best")
@@ -347,7 +396,7 @@ class Trainer:
             lr = scheduled_lr(cfg.optim, state["lr"], state["global_step"], steps)
             for group in self.optimizer.param_groups:  # the one place the optimiser's rate is set
                 group["lr"] = lr
-            update(task.model, self.optimizer, loss, cfg.optim.clip_norm)
+            update(task.model, self.optimizer, loss, cfg.optim.clip_norm, self.scaler)
             state["loss_sum"] += loss.item() * count
             state["aux_sum"] += auxiliary * count
             state["loss_count"] += count

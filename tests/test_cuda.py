@@ -188,16 +188,21 @@ def test_a_run_trained_on_cuda_evaluates_alike_on_the_cpu(toy_corpus, tmp_path, 
         assert metrics["loss"] == pytest.approx(test["test_loss"], rel=1e-4)
 
 
-def test_resuming_on_cuda_restores_the_gpu_generator(toy_corpus, tmp_path):
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_resuming_on_cuda_restores_the_gpu_generator(toy_corpus, tmp_path, precision):
     """A run stopped after epoch 1 and resumed for epoch 2 matches a run of 2 epochs: the dropout
-    and zoneout masks of epoch 2 come from the GPU generator's saved state, not a fresh seed."""
+    and zoneout masks of epoch 2 come from the GPU generator's saved state, not a fresh seed; in
+    mixed precision too (fp16: the loss scale comes back from ``last/``)."""
     config = _classifier_config(toy_corpus, tmp_path)
-    device = ["--set", "train.device=cuda"]
+    device = ["--set", "train.device=cuda", "--set", f"train.precision={precision}"]
     assert main(["train", str(config), "--run-dir", str(tmp_path / "whole"), "--set", "train.epochs=2", *device]) == 0
     assert main(["train", str(config), "--run-dir", str(tmp_path / "cut"), "--set", "train.epochs=1", *device]) == 0
     assert main(["train", "--resume", str(tmp_path / "cut"), "--set", "train.epochs=2", *device]) == 0
     whole, cut = metric_records(tmp_path / "whole"), metric_records(tmp_path / "cut")
     assert [r["event"] for r in cut] == ["epoch", "epoch", "test"]
+    assert whole[-1]["test_loss"] < whole[0]["train_loss"]  # it learned, in half precision too
+    scaler = json.loads((tmp_path / "cut/last/train_state.json").read_text())["grad_scaler"]
+    assert (scaler is not None) == (precision == "fp16")
     for a, b in zip(whole, cut, strict=True):
         for key, value in a.items():
             assert b[key] == (pytest.approx(value, rel=1e-5) if isinstance(value, float) else value), key

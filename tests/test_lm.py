@@ -177,8 +177,13 @@ class _Killed(Exception):
     pass
 
 
-def test_resume_mid_epoch_reproduces_uninterrupted_run(corpus, tmp_path, monkeypatch):
-    config = make_config(corpus, tmp_path, level="char", data={"bptt": 20})
+@pytest.mark.parametrize(("encoder", "precision"), [("lstm", "fp32"), ("lstm", "bf16"), ("qrnn", "bf16")])
+def test_resume_mid_epoch_reproduces_uninterrupted_run(corpus, tmp_path, monkeypatch, encoder, precision):
+    """Also in mixed precision, whose carried state crosses the checkpoint in its own dtype."""
+    import seqzoo.qrnn  # noqa: F401  (registers "qrnn")
+
+    model = {"encoder": encoder, "encoder_args": {"hidden_size": 16, **({"window": 2} if encoder == "qrnn" else {})}}
+    config = make_config(corpus, tmp_path, level="char", data={"bptt": 20}, model=model, train={"precision": precision})
     clean = run(config, tmp_path / "clean")
     steps_per_epoch = len(LMTask(config, read_splits(config.data)).train_batches(0))
     original, calls = LMTask.train_loss, []

@@ -125,6 +125,40 @@ def test_fast_path_matches_reference_through_the_encoder(monkeypatch, bidirectio
         assert torch.allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_cpu_autocast_projects_in_bfloat16_and_pools_in_float32(monkeypatch, bidirectional):
+    """Under CPU autocast (``train.precision: bf16``) the convolution's matmul runs in bfloat16
+    and the fused kernel pools the widened gates in float32 (no fallback warning): outputs, the
+    carried state and all gradients stay near the float32 run's, and the state is float32."""
+    import importlib
+
+    qrnn_pool = importlib.import_module("seqzoo.kernels.qrnn_pool")
+    pooled = []
+    original = qrnn_pool.qrnn_pool_compiled
+    monkeypatch.setattr(
+        qrnn_pool, "qrnn_pool_compiled", lambda g, *a, **k: (pooled.append(g.dtype), original(g, *a, **k))[1]
+    )
+    torch.manual_seed(0)
+    encoder = QRNN(6, 16, num_layers=2, window=2, pooling="fo", bidirectional=bidirectional).eval()
+    x = torch.randn(4, 300, 6, requires_grad=True)
+    mask = torch.arange(300) < torch.tensor([300, 170, 1, 33]).unsqueeze(1)
+    results = []
+    for enabled in (False, True):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the fused kernel runs: no fallback to the reference
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+                out, final = encoder(x, mask)
+        assert out.dtype == torch.float32
+        c_last = final[-1][0] if final is not None else out[:, 0]
+        assert c_last.dtype == torch.float32
+        grads = torch.autograd.grad(out.square().sum(), [x, *encoder.parameters()])
+        results.append([out, c_last, *grads])
+    assert pooled and set(pooled) == {torch.float32}
+    for a, b in zip(*results, strict=True):
+        assert (a - b).norm() <= 2e-2 * a.norm(), f"relative error {((a - b).norm() / a.norm()).item():.3g}"
+        assert (a - b).norm() > 0  # bfloat16 did run
+
+
 @pytest.mark.parametrize("grad", ["no_grad", "frozen"])
 def test_jit_trace_records_the_reference_pooling(grad):
     """torch.jit.trace cannot record the fused kernels (a ctypes call), so a traced QRNN pools with

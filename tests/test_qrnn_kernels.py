@@ -291,13 +291,18 @@ def test_shapes_the_kernels_would_index_out_of_bounds_are_refused():
         qrnn_pool(gates, lengths, c0, pooling="fo", keep=torch.ones(4, 2, 70, dtype=torch.bool))
 
 
-def test_layer_under_cpu_autocast_falls_back_loudly_to_the_reference():
-    """Under autocast the gates come out in bfloat16, which only the reference pools."""
+@needs_compiled
+def test_layer_under_cpu_autocast_pools_widened_gates_with_the_fused_kernel():
+    """Under CPU autocast the projection runs in bfloat16 and the gates are widened to float32
+    for the fused kernel (it used to fall back, with a warning, to the reference in bfloat16)."""
     (x_pad, weight, bias, c0), lengths = _layer_inputs(2, "fo")
-    h_float, _ = qrnn_layer(x_pad, weight, bias, lengths, c0, pooling="fo")
-    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.warns(RuntimeWarning, match="fused QRNN pooling"):
-        h, _ = qrnn_layer(x_pad, weight, bias, lengths, c0, pooling="fo")
-    assert torch.allclose(h.float(), h_float, atol=0.05)
+    h_float, c_float = qrnn_layer(x_pad, weight, bias, lengths, c0, pooling="fo")
+    with torch.autocast("cpu", dtype=torch.bfloat16), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        h, c = qrnn_layer(x_pad, weight, bias, lengths, c0, pooling="fo")
+    assert h.dtype == c.dtype == torch.float32
+    assert torch.allclose(h, h_float, atol=0.05) and not torch.equal(h, h_float)
+    assert torch.allclose(c, c_float, atol=0.05)
 
 
 @pytest.mark.parametrize("backend", ["reference", pytest.param("compiled", marks=needs_compiled)])

@@ -20,6 +20,10 @@ inference path a compiled kernel.
 the Triton kernel, every timing waits for the GPU's queued work, ``sgemm_gflops`` is the GPU's
 rate (4096³, under torch's float32 matmul precision, which ``--tf32`` lowers to TF32 for cuBLAS
 and cuDNN alike) and rows carry ``device`` and ``tf32``.
+
+``--precision bf16`` (or ``fp16``, a GPU only) times every case under ``torch.autocast``, as
+``train.precision`` trains: the matmuls of the encoders and of the GEMM bound run in half
+precision; the QRNN's pooling stays in float32 (its ``pooling_share`` is that kernel's time).
 """
 
 from __future__ import annotations
@@ -36,9 +40,11 @@ from torch import Tensor, nn
 
 from seqzoo.base import available_encoders, build_encoder
 from seqzoo.bench import device_arg, non_negative_int, positive_int, sgemm_flops_per_s, synchronize
+from seqzoo.config import ConfigError
 from seqzoo.kernels import pool_backend
 from seqzoo.kernels.qrnn_pool import _Kernel, qrnn_pool
 from seqzoo.qrnn import QRNN
+from seqzoo.training import autocast, check_precision
 
 __all__ = ["main"]
 
@@ -89,18 +95,19 @@ class _TimeFirst(nn.Module):
         return out.transpose(0, 1), state
 
 
-def _timer(fn: Callable[[], object], device: torch.device) -> Callable[[], float]:
+def _timer(fn: Callable[[], object], device: torch.device, precision: str) -> Callable[[], float]:
     def run() -> float:
         synchronize(device)
         start = time.perf_counter()
-        fn()
+        with autocast(precision, device):
+            fn()
         synchronize(device)
         return time.perf_counter() - start
 
     return run
 
 
-def _encoder_cases(model: nn.Module, x: Tensor) -> dict[str, Callable[[], float]]:
+def _encoder_cases(model: nn.Module, x: Tensor, precision: str) -> dict[str, Callable[[], float]]:
     device = x.device
     params = [p for p in model.parameters() if p.requires_grad]
     x_grad = x.detach().requires_grad_(True)
@@ -116,10 +123,10 @@ def _encoder_cases(model: nn.Module, x: Tensor) -> dict[str, Callable[[], float]
         out = model(x_grad)[0]
         torch.autograd.grad(out, [x_grad, *params], grad_out)
 
-    return {"fwd": _timer(fwd, device), "fwd_bwd": _timer(fwd_bwd, device)}
+    return {"fwd": _timer(fwd, device, precision), "fwd_bwd": _timer(fwd_bwd, device, precision)}
 
 
-def _qrnn_cases(model: QRNN, x: Tensor) -> dict[str, Callable[[], float]]:
+def _qrnn_cases(model: QRNN, x: Tensor, precision: str) -> dict[str, Callable[[], float]]:
     """The GEMM bound of the QRNN projection and the fused pooling alone, on the same shapes."""
     layer = model.layers[0][0]
     batch, seq_len, _ = x.shape
@@ -165,7 +172,8 @@ def _qrnn_cases(model: QRNN, x: Tensor) -> dict[str, Callable[[], float]]:
         h, c = qrnn_pool(gates, lengths, pooling=layer.pooling)
         torch.autograd.grad((h, c), gates, (grad_h, grad_c))
 
-    return {"gemm": _timer(gemm, device), "pool": _timer(fused_pool if fused else pool, device)}
+    pooling = _timer(fused_pool if fused else pool, device, "fp32")  # the kernel pools in float32 under autocast
+    return {"gemm": _timer(gemm, device, precision), "pool": pooling}
 
 
 def measure(
@@ -177,6 +185,7 @@ def measure(
     threads: int,
     pooling: str,
     device: torch.device | str = "cpu",
+    precision: str = "fp32",
 ) -> list[dict]:
     """One result row per encoder for one shape (see the module docstring)."""
     batch, seq_len, hidden = shape
@@ -187,11 +196,11 @@ def measure(
     qrnn_layer = None
     for name in encoders:
         model = _build(name, hidden, window, pooling).to(device)
-        for kind, run in _encoder_cases(model, x).items():
+        for kind, run in _encoder_cases(model, x, precision).items():
             cases[name, kind] = run
         if name == "qrnn":
             qrnn_layer = model.layers[0][0]
-            for kind, run in _qrnn_cases(model, x).items():
+            for kind, run in _qrnn_cases(model, x, precision).items():
                 cases[name, kind] = run
     samples: dict[tuple[str, str], list[float]] = {key: [] for key in cases}
     for i in range(warmup + repeats):
@@ -213,6 +222,7 @@ def measure(
             "hidden": hidden,
             "threads": threads,
             "device": device.type,
+            "precision": precision,
             "fwd_tokens_per_s": round(tokens / seconds(name, "fwd"), 1),
             "fwd_bwd_tokens_per_s": round(tokens / seconds(name, "fwd_bwd"), 1),
         }
@@ -266,7 +276,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=positive_int, default=2, help="torch.set_num_threads (default 2)")
     parser.add_argument("--device", type=device_arg, default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--tf32", action="store_true", help="on CUDA: TF32 matmuls in cuBLAS and cuDNN alike")
+    parser.add_argument(
+        "--precision",
+        choices=("fp32", "bf16", "fp16"),
+        default="fp32",
+        help="autocast, as train.precision (default fp32)",
+    )
     args = parser.parse_args(argv)
+    try:
+        check_precision(args.precision, args.device)
+    except ConfigError as err:
+        parser.error(str(err).replace("train.precision", "--precision"))
     encoders = list(dict.fromkeys(args.encoders))  # a name given twice is measured once
     if "sru" in encoders:
         try:
@@ -274,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError:
             print("sru is not installed (pip install 'seqzoo[bench]'); skipping it", file=sys.stderr)
             encoders.remove("sru")
+    if "sru" in encoders and args.precision != "fp32" and args.device.type == "cpu":
+        print("sru's CPU kernel takes float32 only (it fails under autocast); skipping it", file=sys.stderr)
+        encoders.remove("sru")
     torch.set_num_threads(args.threads)
     if args.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32
@@ -282,7 +305,15 @@ def main(argv: list[str] | None = None) -> int:
     sgemm = round(sgemm_flops_per_s(device=args.device) / 1e9, 1)  # the rate a GEMM-bound QRNN follows
     for shape in args.shapes:
         for row in measure(
-            encoders, shape, args.repeats, args.warmup, args.qrnn_window, args.threads, args.qrnn_pooling, args.device
+            encoders,
+            shape,
+            args.repeats,
+            args.warmup,
+            args.qrnn_window,
+            args.threads,
+            args.qrnn_pooling,
+            args.device,
+            args.precision,
         ):
             rows.append({**row, **tf32, "sgemm_gflops": sgemm})
             if args.json:

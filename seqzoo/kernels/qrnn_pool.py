@@ -408,7 +408,15 @@ def qrnn_layer(
         )
     time = padded_time - window + 1
     kwargs = {"pooling": pooling, "keep": keep, "keep_prob": keep_prob, "reverse": reverse}
-    device = x_pad.device.type  # under autocast the gates come out in the autocast dtype
+    device = x_pad.device.type
+    if device == "cpu" and torch.is_autocast_enabled(device):
+        # CPU autocast (bfloat16): the projection in bfloat16 (2.5x float32's matmul rate with
+        # AVX512-BF16), the pooling in the weights' precision (a recurrence in bfloat16 would lose
+        # the state's precision over the sequence): widened gates, fused kernel.
+        gates = window_linear(x_pad, weight, bias).to(weight.dtype).view(batch, time, POOLINGS[pooling], -1)
+        with torch.autocast(device, enabled=False):
+            return qrnn_pool(gates, lengths, None if c0 is None else c0.to(weight.dtype), **kwargs)
+    # under CUDA autocast the gates come out in the autocast dtype
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x_pad.dtype
     if pool_backend(x_pad.device, dtype) != "compiled":
         gates = window_linear(x_pad, weight, bias).view(batch, time, POOLINGS[pooling], -1)  # (B, T, G, H)
