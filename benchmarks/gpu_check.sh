@@ -3,9 +3,11 @@
 # (seqzoo itself need not be: it runs from this checkout). Results land in OUTDIR.
 #   bash benchmarks/gpu_check.sh OUTDIR [tests|bench|all]
 # tests: the gpu-marked tests (every encoder on CUDA against the CPU, the Triton kernel against the
-#        reference and a float64 gradcheck on the GPU, autocast, beam search, training on CUDA).
+#        reference and a float64 gradcheck on the GPU, autocast, beam search, training and resuming
+#        on CUDA in fp32, bf16 and fp16).
 # bench: QRNN vs cuDNN LSTM/GRU over the QRNN paper's Figure 4 grid (hidden 320, batch 8-256,
-#        length 32-512; k = 1 and k = 2, and k = 1 with TF32), then the MZU+DT at the PTB setting.
+#        length 32-512; k = 1 and k = 2, k = 1 with TF32 and k = 1 in bf16 mixed precision), then
+#        the MZU+DT at the PTB setting.
 set -u -o pipefail
 out=${1:?usage: gpu_check.sh OUTDIR [tests|bench|all]}
 what=${2:-all}
@@ -23,7 +25,8 @@ if [[ $what == bench || $what == all ]]; then
     $bench --encoders lstm,gru,qrnn >"$out/bench_k1.jsonl"
     $bench --encoders lstm,qrnn --qrnn-window 2 >"$out/bench_k2.jsonl"
     $bench --encoders lstm,qrnn --tf32 >"$out/bench_k1_tf32.jsonl"
-    for f in bench_k1 bench_k2 bench_k1_tf32; do
+    $bench --encoders lstm,qrnn --precision bf16 >"$out/bench_k1_bf16.jsonl"
+    for f in bench_k1 bench_k2 bench_k1_tf32 bench_k1_bf16; do
         python3 benchmarks/speedup_grid.py "$out/$f.jsonl" --png "$out/$f.png" | tee "$out/$f.txt"
     done
     python3 -m seqzoo.bench.mzu --device cuda --repeats 3 --json | tee "$out/mzu.jsonl"

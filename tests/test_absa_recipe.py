@@ -1,6 +1,7 @@
 """The ABSA recipe end to end: the shipped configs run unchanged on the XML fixtures."""
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -111,6 +112,21 @@ def test_train_two_seeds_then_evaluate(semeval, tmp_path, capsys, subset, test_e
         out = tmp_path / "hidden.png"
         assert main(["plot-hidden", str(run_dir / "seed-1"), "--text", "the food was great", "--out", str(out)]) == 0
         assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_absa_trains_in_bf16(semeval, tmp_path):
+    """``train.precision: bf16`` on the capMZU+DT recipe: aspect embeddings, masked mean pooling
+    and the bidirectional MZU under CPU autocast; evaluation in float32."""
+    config = REPO / "configs" / "absa_restaurant_capmzu_dt.yaml"
+    run_dir = tmp_path / "run"
+    overrides = [*TINY, "train.seeds=[1]", f"data.embeddings={semeval}", "model.encoder_args.filter_size=8"]
+    overrides.append("train.precision=bf16")
+    assert main(["train", str(config), "--run-dir", str(run_dir), *(a for o in overrides for a in ("--set", o))]) == 0
+    (metrics,) = run_dir.rglob("metrics.jsonl")
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert all(math.isfinite(r["train_loss"]) for r in records if r["event"] == "epoch")
+    assert 0 <= records[-1]["test_accuracy"] <= 1
+    assert "mixed precision bf16" in (metrics.parent / "train.log").read_text()
 
 
 def check_predict(run_dir, tmp_path, capsys):

@@ -324,22 +324,29 @@ TOY_ENCODER_ARGS = {
 }
 
 
-@pytest.mark.parametrize("kind", RECIPES)
-def test_translation_recipe_end_to_end(tmp_path, capsys, kind):
-    sacrebleu = pytest.importorskip("sacrebleu")
+def _toy_translation_config(tmp_path: Path, kind: str, beam_size: int, epochs: int, precision: str = "fp32") -> Path:
+    """The word-reversal corpus in ``tmp_path`` and a config that trains ``kind`` on it."""
     _write_copy_corpus(tmp_path)
     config = tmp_path / "config.yaml"
+    train = f"epochs: {epochs}, patience: null, batch_size: 16, eval_batch_size: 32, progress: false, threads: 1"
     config.write_text(
         f"""
 name: toy_translation
 task: translation
-data: {{data_dir: {tmp_path}, max_chars: 300, embedding_dim: 16, beam_size: 4}}
+data: {{data_dir: {tmp_path}, max_chars: 300, embedding_dim: 16, beam_size: {beam_size}}}
 model: {{encoder: {kind}, encoder_args: {TOY_ENCODER_ARGS[kind]}, dropout: 0.0}}
 optim: {{optimizer: adam, lr: 0.01}}
-train: {{epochs: 8, patience: null, batch_size: 16, eval_batch_size: 32, progress: false, threads: 1}}
+train: {{{train}, precision: {precision}}}
 """,
         encoding="utf-8",
     )
+    return config
+
+
+@pytest.mark.parametrize("kind", RECIPES)
+def test_translation_recipe_end_to_end(tmp_path, capsys, kind):
+    sacrebleu = pytest.importorskip("sacrebleu")
+    config = _toy_translation_config(tmp_path, kind, beam_size=4, epochs=8)
     run_dir = tmp_path / "run"
     assert main(["train", str(config), "--run-dir", str(run_dir)]) == 0
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -355,6 +362,20 @@ train: {{epochs: 8, patience: null, batch_size: 16, eval_batch_size: 32, progres
     # machine and "hg fe dc dc" on another (float rounding differs between CPUs).
     translation = json.loads(capsys.readouterr().out)["translation"]
     assert sacrebleu.sentence_chrf(translation, ["hg fe dc ba"]).score > 50, translation
+
+
+@pytest.mark.parametrize("kind", RECIPES)
+def test_translation_trains_in_bf16(tmp_path, kind):
+    """``train.precision: bf16``: the encoder-decoder's steps (attention over a masked source,
+    the QRNN decoder's carried windows) run under CPU autocast and the loss falls."""
+    pytest.importorskip("sacrebleu")
+    config = _toy_translation_config(tmp_path, kind, beam_size=2, epochs=2, precision="bf16")
+    run_dir = tmp_path / "run"
+    assert main(["train", str(config), "--run-dir", str(run_dir)]) == 0
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in records if r.get("event") == "epoch"]
+    assert epochs[1]["train_loss"] < epochs[0]["train_loss"] and math.isfinite(records[-1]["test_bleu"])
+    assert "mixed precision bf16" in (run_dir / "train.log").read_text()
 
 
 def test_translation_config_rejects_other_encoders(tmp_path):
