@@ -380,7 +380,7 @@ class Trainer:
         for index in range(state["step_in_epoch"], len(batches)):
             if _budget_spent(state, cfg):
                 break
-            with autocast(cfg.train.precision, self.device):
+            with torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
                 loss, tokens, count, auxiliary = StepLoss(*task.train_loss(batches[index]))  # (a plain 3-tuple too)
             if not torch.isfinite(loss):
                 bar.close()
