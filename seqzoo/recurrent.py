@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from seqzoo._warn import warn_user
 from seqzoo.base import Encoder, State, describe_state, lengths_from_mask, reverse_padded, takes_all_real_shortcut
 
-__all__ = ["RecurrentCell", "RecurrentCellEncoder", "StepFn", "compile_failure", "compiled_step"]
+__all__ = ["RecurrentCell", "RecurrentCellEncoder", "StepFn", "compile_failure", "compiled_step", "float32_step"]
 
 StepFn = Callable[[Tensor, Tensor], tuple[Tensor, Tensor | None]]
 
@@ -83,6 +83,18 @@ def compiled_step(step: StepFn) -> StepFn:
                     RuntimeWarning,
                 )
         return step(x_t, h)
+
+    return run
+
+
+def float32_step(step: StepFn, device_type: str) -> StepFn:
+    """``step`` in float32 with autocast off, its inputs widened: for a cell whose step is many
+    small ops, which under autocast each pay a cast and gain little from a half-precision type.
+    ``prepare``'s big input-only matmul keeps autocast's precision."""
+
+    def run(x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor | None]:
+        with torch.autocast(device_type, enabled=False):
+            return step(x_t.float(), h.float())
 
     return run
 
