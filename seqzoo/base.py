@@ -118,9 +118,10 @@ def check_mask(x: Tensor, mask: Tensor | None) -> Tensor:
 
 
 def takes_all_real_shortcut(mask: Tensor) -> bool:
-    """Whether an encoder may skip its padding logic: every position is real, and no
-    ``torch.jit.trace`` is recording (a trace must record the general path, right for every mask)."""
-    return not torch.jit.is_tracing() and bool(mask.all())
+    """Whether an encoder may skip its padding logic: every position is real, and neither
+    ``torch.jit.trace`` nor ``torch.compile`` is recording (a trace or a graph must hold the general
+    path, right for every mask; reading the mask's values would break a compiled graph in two)."""
+    return not (torch.jit.is_tracing() or torch.compiler.is_compiling()) and bool(mask.all())
 
 
 def check_padding_mask(mask: Tensor, shape: tuple[int, int]) -> Tensor:
@@ -130,8 +131,13 @@ def check_padding_mask(mask: Tensor, shape: tuple[int, int]) -> Tensor:
         raise TypeError(f"mask must be a bool tensor (True = real token), got {got}")
     if tuple(mask.shape) != tuple(shape):
         raise ValueError(f"mask shape {tuple(mask.shape)} does not match input (batch, time) = {tuple(shape)}")
-    if shape[1] > 1 and bool((mask[:, 1:] & ~mask[:, :-1]).any()):
-        raise ValueError("mask must be right-padded: each row a run of True followed by False")
+    if shape[1] > 1:
+        message = "mask must be right-padded: each row a run of True followed by False"
+        starts_again = (mask[:, 1:] & ~mask[:, :-1]).any()
+        if torch.compiler.is_compiling():  # checked inside the graph (a RuntimeError), not by a graph break
+            torch._assert_async(~starts_again, message)
+        elif bool(starts_again):
+            raise ValueError(message)
     return mask
 
 

@@ -287,6 +287,31 @@ def test_torch_compile_equals_eager_on_a_padded_batch(name, single_thread):
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize(
+    ("name", "kwargs"),
+    [
+        ("gru_ln", {}),
+        ("dtgru", {}),
+        ("mzu", {"composition": "sat", "transition_depth": 1}),
+        ("transformer", {"nhead": 2}),
+    ],
+)
+def test_torch_compile_captures_one_graph_that_checks_the_mask_itself(name, kwargs, single_thread):
+    """While torch.compile traces, the mask checks read no value on the host (a data-dependent
+    branch broke every forward into three graphs): these encoders compile with ``fullgraph=True``,
+    agree with eager on padded and unpadded batches, and the graph still refuses a left-padded mask."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    enc = build_encoder(name, 6, hidden_size=4, **kwargs).eval()
+    compiled = torch.compile(enc, backend="aot_eager", fullgraph=True)
+    x = torch.randn(3, 5, 6)
+    padded = torch.arange(5) < torch.tensor([5, 3, 1]).unsqueeze(1)
+    for mask in (padded, torch.ones(3, 5, dtype=torch.bool)):
+        torch.testing.assert_close(compiled(x, mask)[0], enc(x, mask)[0])
+    with pytest.raises(RuntimeError, match="mask must be right-padded"):
+        compiled(x, padded.flip(1))
+
+
 @pytest.mark.parametrize("name", sorted(set(ALL_ENCODERS) - {"transformer"}))
 def test_bidirectional_encoders_are_not_stateful(name):
     """Their backward direction reads the chunk's future, so chunks cannot continue a sequence."""
