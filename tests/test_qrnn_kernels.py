@@ -292,9 +292,35 @@ def test_shapes_the_kernels_would_index_out_of_bounds_are_refused():
 
 
 @needs_compiled
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("pooling", list(POOLINGS))
+@pytest.mark.parametrize("reverse", [False, True])
+def test_compiled_pools_half_precision_gates_in_float32(half, pooling, reverse):
+    """Half-precision gates (a projection under CPU autocast) are widened into the kernel's own
+    buffer in one pass, instead of a widened copy that the kernel then copied again: h, c_last and
+    d(c0) equal the float32 kernel's on the widened gates exactly, and d(gates) is its d(gates)
+    narrowed to the gates' dtype; also for a second backward through the same graph and, through
+    the reference, for a differentiable one."""
+    gates, lengths, c0, kwargs = _inputs(pooling, "train")
+    narrow = gates.detach().to(half).requires_grad_(True)
+    wide = narrow.detach().float().requires_grad_(True)
+    (h, c), (h32, c32) = (qrnn_pool_compiled(g, lengths, c0, reverse=reverse, **kwargs) for g in (narrow, wide))
+    assert h.dtype == c.dtype == torch.float32
+    assert torch.equal(h, h32) and torch.equal(c, c32)
+    gen = torch.Generator().manual_seed(1)
+    dh, dc = torch.randn(h.shape, generator=gen), torch.randn(c.shape, generator=gen)
+    for _ in range(2):  # the second backward rebuilds the spent buffer
+        d_narrow, d_c0 = torch.autograd.grad((h, c), (narrow, c0), (dh, dc), retain_graph=True)
+        d_wide, d_c0_32 = torch.autograd.grad((h32, c32), (wide, c0), (dh, dc), retain_graph=True)
+        assert d_narrow.dtype == half and torch.equal(d_narrow, d_wide.to(half)) and torch.equal(d_c0, d_c0_32)
+    d_narrow, _ = torch.autograd.grad((h, c), (narrow, c0), (dh, dc), create_graph=True)
+    assert d_narrow.requires_grad and torch.allclose(d_narrow.float(), d_wide, atol=1e-2, rtol=1e-2)
+
+
+@needs_compiled
 def test_layer_under_cpu_autocast_pools_widened_gates_with_the_fused_kernel():
-    """Under CPU autocast the projection runs in bfloat16 and the gates are widened to float32
-    for the fused kernel (it used to fall back, with a warning, to the reference in bfloat16)."""
+    """Under CPU autocast the projection runs in bfloat16 and the fused kernel pools its gates in
+    float32 (it used to fall back, with a warning, to the reference in bfloat16)."""
     (x_pad, weight, bias, c0), lengths = _layer_inputs(2, "fo")
     h_float, c_float = qrnn_layer(x_pad, weight, bias, lengths, c0, pooling="fo")
     with torch.autocast("cpu", dtype=torch.bfloat16), warnings.catch_warnings():

@@ -15,7 +15,8 @@ All paths share one signature and one convention (the paper's: ``f`` multiplies 
     c_last    (B, H) cell state after the last real step (c0 for empty rows)
 
 Backends: ``"compiled"`` (C kernel built at install time, loaded with ctypes; float32/float64 on
-CPU), ``"triton"`` (CUDA tensors) and ``"reference"``. Both fast paths fuse the activations, zoneout
+CPU; :func:`qrnn_pool_compiled` pools bfloat16/float16 gates in float32), ``"triton"`` (CUDA
+tensors) and ``"reference"``. Both fast paths fuse the activations, zoneout
 and the recurrence in one pass forward and a reverse-time pass backward (the compiled backward reads
 the activations its forward left in the gate buffer, recomputes the cell states from them in cache,
 and writes d(gates) in place; the Triton kernels take chunks of time steps at once, each by a scan
@@ -52,6 +53,7 @@ __all__ = ["POOLINGS", "pool_backend", "qrnn_layer", "qrnn_pool", "qrnn_pool_com
 POOLINGS = {"f": 2, "fo": 3, "ifo": 4}
 _POOL_CODE = {"f": 0, "fo": 1, "ifo": 2}
 _DTYPE_CODE = {torch.float32: 0, torch.float64: 1}
+_WIDENED = (torch.bfloat16, torch.float16)  # gates the compiled path pools in float32 (qrnn_pool_compiled)
 _ABI_VERSION = 3  # qrnn_pool_abi_version() of the C sources this wrapper calls
 
 
@@ -218,7 +220,9 @@ class _CompiledPool(torch.autograd.Function):
     def forward(ctx, gates, lengths, c0, keep, keep_prob, pooling, reverse):
         batch, time, _, hidden = gates.shape
         training = any(ctx.needs_input_grad)
-        work = gates.clone() if training else gates  # the kernel turns its gates into activations, then gradients
+        # The kernel turns its gates into activations, then gradients: it works in a buffer of its
+        # own, a copy (training) or the widened float32 gates (half-precision ones, in one pass).
+        work = _buffer(gates) if training or gates.dtype in _WIDENED else gates
         ctx.kernel = _Kernel(work, time, None, lengths, c0, keep, keep_prob, pooling, reverse, (batch, time, hidden))
         h, c_last = ctx.kernel.forward(training)
         ctx.gates_spent = False
@@ -232,15 +236,22 @@ class _CompiledPool(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph=True
 
             def recompute(gates: Tensor, c0: Tensor | None) -> tuple[Tensor, Tensor]:
-                return qrnn_pool_reference(gates, ctx.kernel.lengths, c0, **_pool_kwargs(ctx.kernel))
+                wide = gates.to(ctx.kernel.gates.dtype)
+                return qrnn_pool_reference(wide, ctx.kernel.lengths, c0, **_pool_kwargs(ctx.kernel))
 
             dgates, dc0 = reference_gradients(
                 recompute, (gates, c0), (ctx.needs_input_grad[0], ctx.needs_input_grad[2]), (dh, dc_last)
             )
             return dgates, None, dc0, None, None, None, None
-        kernel = _unspent_kernel(ctx, gates.clone)
+        kernel = _unspent_kernel(ctx, lambda: _buffer(gates))
         _, dc0 = kernel.backward(dh, dc_last)
-        return kernel.gates, None, dc0 if ctx.needs_input_grad[2] else None, None, None, None, None
+        dgates = kernel.gates.to(gates.dtype)  # narrowed back for half-precision gates
+        return dgates, None, dc0 if ctx.needs_input_grad[2] else None, None, None, None, None
+
+
+def _buffer(gates: Tensor) -> Tensor:
+    """A buffer of the kernel's own holding ``gates``: float32 for half-precision gates, else a copy."""
+    return gates.float() if gates.dtype in _WIDENED else gates.clone()
 
 
 def _check_pool_args(shape: tuple[int, int, int], lengths: Tensor, c0: Tensor | None, keep: Tensor | None) -> None:
@@ -261,10 +272,10 @@ def _check_pool_args(shape: tuple[int, int, int], lengths: Tensor, c0: Tensor | 
 def _compiled_inputs(
     x: Tensor, lengths: Tensor, c0: Tensor | None, keep: Tensor | None, shape: tuple[int, int, int]
 ) -> tuple:
-    """x, lengths, c0, keep as the C kernel reads them (contiguous; int64, x's dtype, uint8), after
-    checking them against the pooling problem's ``shape`` (batch, time, hidden)."""
+    """x, lengths, c0, keep as the C kernel reads them (contiguous; int64, the dtype it computes in,
+    uint8), after checking them against the pooling problem's ``shape`` (batch, time, hidden)."""
     _check_pool_args(shape, lengths, c0, keep)
-    c0 = None if c0 is None else c0.to(x.dtype).contiguous()
+    c0 = None if c0 is None else c0.to(torch.float32 if x.dtype in _WIDENED else x.dtype).contiguous()
     keep = None if keep is None else keep.to(torch.uint8).contiguous()
     return x.contiguous(), lengths.to(torch.int64).contiguous(), c0, keep
 
@@ -279,12 +290,20 @@ def qrnn_pool_compiled(
     keep_prob: float = 1.0,
     reverse: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """The C kernel (CPU, float32/float64); raises RuntimeError where it is not available."""
+    """The C kernel (CPU, float32/float64); raises RuntimeError where it is not available.
+
+    bfloat16 / float16 gates (a projection under CPU autocast) are pooled in float32: widened in
+    one pass into the kernel's buffer, h and c_last float32 (a state carried in half precision
+    would lose its precision over the sequence), d(gates) narrowed back to the gates' dtype.
+    """
     lib = _compiled_library()
     if isinstance(lib, str):
         raise RuntimeError(lib)
-    if gates.is_cuda or gates.dtype not in _DTYPE_CODE:
-        raise RuntimeError(f"the compiled pooling runs float32/float64 on CPU, got {gates.dtype} on {gates.device}")
+    if gates.is_cuda or gates.dtype not in (*_DTYPE_CODE, *_WIDENED):
+        raise RuntimeError(
+            "the compiled pooling runs float32/float64 (bfloat16/float16 widened) on CPU, "
+            f"got {gates.dtype} on {gates.device}"
+        )
     batch, time, _, hidden = gates.shape
     gates, lengths, c0, keep = _compiled_inputs(gates, lengths, c0, keep, (batch, time, hidden))
     return _CompiledPool.apply(gates, lengths, c0, keep, float(keep_prob), pooling, reverse)
@@ -411,11 +430,14 @@ def qrnn_layer(
     device = x_pad.device.type
     if device == "cpu" and torch.is_autocast_enabled(device):
         # CPU autocast (bfloat16): the projection in bfloat16 (2.5x float32's matmul rate with
-        # AVX512-BF16), the pooling in the weights' precision (a recurrence in bfloat16 would lose
-        # the state's precision over the sequence): widened gates, fused kernel.
-        gates = window_linear(x_pad, weight, bias).to(weight.dtype).view(batch, time, POOLINGS[pooling], -1)
+        # AVX512-BF16), the pooling in float32 (a recurrence in bfloat16 would lose the state's
+        # precision over the sequence): the fused kernel widens the gates into its own buffer.
+        gates = window_linear(x_pad, weight, bias).view(batch, time, POOLINGS[pooling], -1)
+        c0 = None if c0 is None else c0.to(weight.dtype)
         with torch.autocast(device, enabled=False):
-            return qrnn_pool(gates, lengths, None if c0 is None else c0.to(weight.dtype), **kwargs)
+            if pool_backend(x_pad.device, weight.dtype) == "compiled" and weight.dtype == torch.float32:
+                return qrnn_pool_compiled(gates, lengths, c0, **kwargs)
+            return qrnn_pool(gates.to(weight.dtype), lengths, c0, **kwargs)
     # under CUDA autocast the gates come out in the autocast dtype
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x_pad.dtype
     if pool_backend(x_pad.device, dtype) != "compiled":
