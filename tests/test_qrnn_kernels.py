@@ -318,6 +318,33 @@ def test_compiled_pools_half_precision_gates_in_float32(half, pooling, reverse):
 
 
 @needs_compiled
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_a_bfloat16_qrnn_pools_with_the_fused_kernel_in_float32(bidirectional):
+    """A QRNN cast wholly to bfloat16 (inference, say) pools with the fused kernel in float32 and
+    returns bfloat16 (it used to fall back, with a warning, to the reference's loop in bfloat16,
+    whose state kept 8 bits of mantissa over the sequence): qrnn_pool on bfloat16 gates is the
+    float32 kernel on the widened gates, rounded; the encoder stays near its float32 self."""
+    gates, lengths, c0, kwargs = _inputs("fo", "eval")
+    half = gates.detach().bfloat16()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        h, c = qrnn_pool(half, lengths, c0.detach().bfloat16(), **kwargs)
+    h32, c32 = qrnn_pool_compiled(half.float(), lengths, c0.detach().bfloat16().float(), **kwargs)
+    assert h.dtype == c.dtype == torch.bfloat16
+    assert torch.equal(h, h32.bfloat16()) and torch.equal(c, c32.bfloat16())
+    torch.manual_seed(0)
+    encoder = build_encoder("qrnn", 8, hidden_size=16, num_layers=2, window=2, bidirectional=bidirectional).eval()
+    x, mask = torch.randn(3, 200, 8), torch.arange(200) < torch.tensor([200, 90, 1]).unsqueeze(1)
+    with torch.no_grad():
+        out32, _ = encoder(x, mask)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            out, _ = encoder.to(torch.bfloat16)(x.bfloat16(), mask)
+    assert out.dtype == torch.bfloat16
+    assert (out.float() - out32).norm() <= 2e-2 * out32.norm()
+
+
+@needs_compiled
 def test_layer_under_cpu_autocast_pools_widened_gates_with_the_fused_kernel():
     """Under CPU autocast the projection runs in bfloat16 and the fused kernel pools its gates in
     float32 (it used to fall back, with a warning, to the reference in bfloat16)."""

@@ -15,8 +15,8 @@ All paths share one signature and one convention (the paper's: ``f`` multiplies 
     c_last    (B, H) cell state after the last real step (c0 for empty rows)
 
 Backends: ``"compiled"`` (C kernel built at install time, loaded with ctypes; float32/float64 on
-CPU; :func:`qrnn_pool_compiled` pools bfloat16/float16 gates in float32), ``"triton"`` (CUDA
-tensors) and ``"reference"``. Both fast paths fuse the activations, zoneout
+CPU; bfloat16/float16 gates are pooled in float32, :func:`qrnn_pool` returning their dtype),
+``"triton"`` (CUDA tensors) and ``"reference"``. Both fast paths fuse the activations, zoneout
 and the recurrence in one pass forward and a reverse-time pass backward (the compiled backward reads
 the activations its forward left in the gate buffer, recomputes the cell states from them in cache,
 and writes d(gates) in place; the Triton kernels take chunks of time steps at once, each by a scan
@@ -440,7 +440,7 @@ def qrnn_layer(
             return qrnn_pool(gates.to(weight.dtype), lengths, c0, **kwargs)
     # under CUDA autocast the gates come out in the autocast dtype
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x_pad.dtype
-    if pool_backend(x_pad.device, dtype) != "compiled":
+    if pool_backend(x_pad.device, dtype) != "compiled" or dtype not in _DTYPE_CODE:  # fused layer: float32/64
         gates = window_linear(x_pad, weight, bias).view(batch, time, POOLINGS[pooling], -1)  # (B, T, G, H)
         return qrnn_pool(gates, lengths, c0, **kwargs)
     shape = (batch, time, weight.shape[0] // POOLINGS[pooling])
@@ -454,14 +454,15 @@ def qrnn_layer(
 
 def pool_backend(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> str:
     """Name of the backend :func:`qrnn_pool` uses for tensors of this device and dtype (the
-    reference while ``torch.jit.trace`` runs: it records PyTorch operations, not the fused kernels)."""
+    reference while ``torch.jit.trace`` runs: it records PyTorch operations, not the fused kernels).
+    On CPU the compiled kernel serves float32 and float64, and pools bfloat16/float16 in float32."""
     if os.environ.get("SEQZOO_QRNN_BACKEND", "auto") == "reference" or torch.jit.is_tracing():
         return "reference"
     if torch.device(device).type == "cuda":
         from seqzoo.kernels.qrnn_pool_triton import triton_unavailable_reason
 
         return "reference" if triton_unavailable_reason() else "triton"
-    if isinstance(_compiled_library(), str) or dtype not in _DTYPE_CODE:
+    if isinstance(_compiled_library(), str) or dtype not in (*_DTYPE_CODE, *_WIDENED):
         return "reference"
     return "compiled"
 
@@ -495,8 +496,9 @@ def qrnn_pool(
         raise ValueError(f"{pooling}-pooling needs gates (B, T, {POOLINGS[pooling]}, H), got {tuple(gates.shape)}")
     kwargs = {"pooling": pooling, "keep": keep, "keep_prob": keep_prob, "reverse": reverse}
     backend = pool_backend(gates.device, gates.dtype)
-    if backend == "compiled":
-        return qrnn_pool_compiled(gates, lengths, c0, **kwargs)  # checks its arguments for the C kernel
+    if backend == "compiled":  # the C kernel checks its arguments; half-precision gates pool in float32
+        h, c_last = qrnn_pool_compiled(gates, lengths, c0, **kwargs)
+        return h.to(gates.dtype), c_last.to(gates.dtype)
     batch, time, _, hidden = gates.shape
     _check_pool_args((batch, time, hidden), lengths, c0, keep)
     if backend == "triton":
