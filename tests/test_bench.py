@@ -60,6 +60,30 @@ def test_bench_encoders_reports_rates_bound_and_pooling_share(capsys, monkeypatc
     assert all(row["sgemm_gflops"] == 123.4 for row in rows)
 
 
+def test_bench_encoders_under_bf16_times_the_pooling_of_bfloat16_gates(capsys, monkeypatch):
+    """``--precision bf16`` runs every case under CPU autocast; the QRNN's pooling share is the
+    pooling of the bfloat16 gates the layer hands its kernel (widening, kernel, narrowing)."""
+    import seqzoo.bench.encoders as bench
+    from seqzoo.kernels import pool_backend
+
+    pooled = []
+    original = bench.qrnn_pool_compiled
+
+    def spy(gates, *args, **kwargs):
+        pooled.append(gates.dtype)
+        return original(gates, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "qrnn_pool_compiled", spy)
+    monkeypatch.setattr("seqzoo.bench.encoders.sgemm_flops_per_s", lambda *_, **__: 123.4e9)
+    args = ["bench", "encoders", "--encoders", "lstm,qrnn", "--shapes", "2x6x8", "--json", "--precision", "bf16"]
+    assert main([*args, "--repeats", "1", "--warmup", "0", "--threads", "1"]) == 0
+    rows = _rows(capsys)
+    assert [(r["encoder"], r["precision"]) for r in rows] == [("lstm", "bf16"), ("qrnn", "bf16")]
+    assert rows[1]["pooling_share"] > 0 and rows[1]["gemm_bound_fwd_bwd_tokens_per_s"] > 0
+    if pool_backend() == "compiled":
+        assert pooled and set(pooled) == {torch.bfloat16}
+
+
 @pytest.mark.parametrize("compile_step", [False, pytest.param(True, marks=needs_cxx)])
 def test_bench_mzu_reports_flop_efficiency(capsys, compile_step):
     flags = ["--compile-step"] if compile_step else []
