@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqzoo.base import State, check_rate, register_encoder
-from seqzoo.recurrent import RecurrentCellEncoder, StepFn, float32_step
+from seqzoo.recurrent import RecurrentCellEncoder, StepFn
 
 __all__ = [
     "MZU",
@@ -414,6 +414,11 @@ class MZUCell(nn.Module):
     ``x`` (B, d_x), ``h`` (B, H) -> ``h_t`` (B, H); the last t-MZU's output is the carried state.
     """
 
+    # Under autocast the step's dozens of small ops lose more to casts than bfloat16 saves
+    # (capMZU+DT on brown_char, CPU: 1.17-1.3x slower per training step than float32), so the
+    # time loop runs in float32 (seqzoo.recurrent; docs/results.md).
+    float32_recurrence = True
+
     def __init__(
         self,
         input_size: int,
@@ -488,11 +493,6 @@ class MZUCell(nn.Module):
                 total = aux if total is None else total + aux
             return h, total
 
-        if torch.is_autocast_enabled(x.device.type):
-            # Mixed precision: the step's dozens of small ops lose more to autocast's casts than
-            # bfloat16 saves (capMZU+DT on brown_char, CPU: 1.17-1.3x slower per training step
-            # than float32), so the recurrence runs in float32 (docs/results.md).
-            step = float32_step(step, x.device.type)
         return F.linear(x, w_x, bias), step
 
 

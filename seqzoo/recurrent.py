@@ -17,6 +17,11 @@ the state-dependent work. The loop hands each step its slice of ``inputs`` from 
 full-size zero tensor (O(T²) memory traffic). Cells that compute a regulariser (the MZU's zone
 disagreement) return it per row from ``step``; the encoder averages it over the real tokens.
 
+A cell whose class sets ``float32_recurrence = True`` (the MZU) runs its time loop in float32
+under autocast: ``prepare``'s input-only matmul follows autocast, then its output and the state
+are widened once and the loop runs with autocast off. Its step is dozens of small ops, each of
+which would pay a cast under autocast and gain little from a half-precision type.
+
 ``compile_step=True`` runs each cell's ``step`` through ``torch.compile`` (Inductor). A cell
 step at CPU sizes is a few dozen small operations, and Inductor fuses the element-wise ones
 into generated C++ loops: at the brown_char configs the training step gets faster after a
@@ -43,7 +48,7 @@ from torch import Tensor, nn
 from seqzoo._warn import warn_user
 from seqzoo.base import Encoder, State, describe_state, lengths_from_mask, reverse_padded, takes_all_real_shortcut
 
-__all__ = ["RecurrentCell", "RecurrentCellEncoder", "StepFn", "compile_failure", "compiled_step", "float32_step"]
+__all__ = ["RecurrentCell", "RecurrentCellEncoder", "StepFn", "compile_failure", "compiled_step"]
 
 StepFn = Callable[[Tensor, Tensor], tuple[Tensor, Tensor | None]]
 
@@ -83,18 +88,6 @@ def compiled_step(step: StepFn) -> StepFn:
                     RuntimeWarning,
                 )
         return step(x_t, h)
-
-    return run
-
-
-def float32_step(step: StepFn, device_type: str) -> StepFn:
-    """``step`` in float32 with autocast off, its inputs widened: for a cell whose step is many
-    small ops, which under autocast each pay a cast and gain little from a half-precision type.
-    ``prepare``'s big input-only matmul keeps autocast's precision."""
-
-    def run(x_t: Tensor, h: Tensor) -> tuple[Tensor, Tensor | None]:
-        with torch.autocast(device_type, enabled=False):
-            return step(x_t.float(), h.float())
 
     return run
 
@@ -196,6 +189,16 @@ def _unroll(
     inputs, step = cell.prepare(x)
     if compile_step:
         step = compiled_step(step)
+    device = x.device.type
+    if getattr(cell, "float32_recurrence", False) and torch.is_autocast_enabled(device):
+        inputs, h = inputs.float(), h.float()  # widened once; the loop below runs with autocast off
+        with torch.autocast(device, enabled=False):
+            return _loop(step, inputs, steps, h, full)
+    return _loop(step, inputs, steps, h, full)
+
+
+def _loop(step: StepFn, inputs: Tensor, steps: Tensor, h: Tensor, full: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+    """:func:`_unroll`'s time loop over the prepared ``inputs`` (T, B, ·)."""
     outputs = []
     aux_sum: Tensor | None = None
     for x_t, real in zip(inputs.unbind(0), steps.unbind(0), strict=True):

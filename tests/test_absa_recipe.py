@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import metric_records
 
 from seqzoo.cli import main
 from seqzoo.config import load_config
@@ -123,7 +124,7 @@ def test_absa_trains_in_bf16(semeval, tmp_path):
     overrides.append("train.precision=bf16")
     assert main(["train", str(config), "--run-dir", str(run_dir), *(a for o in overrides for a in ("--set", o))]) == 0
     (metrics,) = run_dir.rglob("metrics.jsonl")
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    records = metric_records(metrics.parent)
     assert all(math.isfinite(r["train_loss"]) for r in records if r["event"] == "epoch")
     assert 0 <= records[-1]["test_accuracy"] <= 1
     assert "mixed precision bf16" in (metrics.parent / "train.log").read_text()

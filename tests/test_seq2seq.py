@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import metric_records
 
 from seqzoo.cli import main
 from seqzoo.config import ConfigError, load_config
@@ -372,7 +373,7 @@ def test_translation_trains_in_bf16(tmp_path, kind):
     config = _toy_translation_config(tmp_path, kind, beam_size=2, epochs=2, precision="bf16")
     run_dir = tmp_path / "run"
     assert main(["train", str(config), "--run-dir", str(run_dir)]) == 0
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = metric_records(run_dir)
     epochs = [r for r in records if r.get("event") == "epoch"]
     assert epochs[1]["train_loss"] < epochs[0]["train_loss"] and math.isfinite(records[-1]["test_bleu"])
     assert "mixed precision bf16" in (run_dir / "train.log").read_text()

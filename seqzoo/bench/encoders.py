@@ -174,17 +174,14 @@ def _qrnn_cases(model: QRNN, x: Tensor, precision: str) -> dict[str, Callable[[]
         h, c = qrnn_pool(gates, lengths, pooling=layer.pooling)
         torch.autograd.grad((h, c), gates, (grad_h, grad_c))
 
-    half = gates.detach().bfloat16().requires_grad_(True)
+    half = gates.detach().bfloat16().requires_grad_(True) if fused and precision != "fp32" else None
 
-    def half_pool() -> None:  # under CPU autocast the layer hands the kernel its bfloat16 gates
+    def half_pool() -> None:  # under CPU autocast (bf16) the layer hands the kernel its bfloat16 gates
         h, c = qrnn_pool_compiled(half, lengths, pooling=layer.pooling)
         torch.autograd.grad((h, c), half, (grad_h, grad_c))
 
-    if fused and precision != "fp32":  # bf16 (fp16 needs a GPU, where the pooling is not "compiled")
-        pooling = _timer(half_pool, device, "fp32")
-    else:
-        pooling = _timer(fused_pool if fused else pool, device, "fp32")
-    return {"gemm": _timer(gemm, device, precision), "pool": pooling}
+    pooling = half_pool if half is not None else fused_pool if fused else pool
+    return {"gemm": _timer(gemm, device, precision), "pool": _timer(pooling, device, "fp32")}
 
 
 def measure(

@@ -435,7 +435,7 @@ def qrnn_layer(
         gates = window_linear(x_pad, weight, bias).view(batch, time, POOLINGS[pooling], -1)
         c0 = None if c0 is None else c0.to(weight.dtype)
         with torch.autocast(device, enabled=False):
-            if pool_backend(x_pad.device, weight.dtype) == "compiled" and weight.dtype == torch.float32:
+            if pool_backend(x_pad.device, gates.dtype) == "compiled":  # states in float32 for half gates
                 return qrnn_pool_compiled(gates, lengths, c0, **kwargs)
             return qrnn_pool(gates.to(weight.dtype), lengths, c0, **kwargs)
     # under CUDA autocast the gates come out in the autocast dtype
