@@ -5,7 +5,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import write_sentiment_corpus
+from conftest import metric_records, write_sentiment_corpus
 
 from seqzoo.cli import main
 from seqzoo.config import config_from_dict
@@ -32,8 +32,7 @@ def _kfold_run(tmp_path: Path) -> Path:
 
 
 def _test_record(sub_run: Path) -> dict:
-    lines = (sub_run / "metrics.jsonl").read_text().splitlines()
-    return next(r for r in map(json.loads, lines) if r["event"] == "test")
+    return next(r for r in metric_records(sub_run) if r["event"] == "test")
 
 
 def test_evaluating_a_fold_uses_its_own_held_out_fold(tmp_path, capsys):

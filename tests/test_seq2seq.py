@@ -350,8 +350,7 @@ def test_translation_recipe_end_to_end(tmp_path, capsys, kind):
     config = _toy_translation_config(tmp_path, kind, beam_size=4, epochs=8)
     run_dir = tmp_path / "run"
     assert main(["train", str(config), "--run-dir", str(run_dir)]) == 0
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    test = next(r for r in records if r.get("event") == "test")
+    test = next(r for r in metric_records(run_dir) if r.get("event") == "test")
     signatures = json.loads((run_dir / "best/sacrebleu.json").read_text())  # TASKS.md: BLEU with its signature
     assert set(signatures) == {"bleu", "chrf"} and "tok:13a" in signatures["bleu"] and "nc:6" in signatures["chrf"]
     assert test["test_bleu"] > 50 and test["test_chrf"] > 50  # learnt the reversal, not noise
