@@ -73,6 +73,9 @@ def run(config: RunConfig, run_dir: str | Path, resume: bool = False) -> dict[st
             sub_dir = seed_dir / sub if sub else seed_dir
             name = str(sub_dir.relative_to(run_dir)) if sub_dir != run_dir else "."
             done = completed_test_record(sub_dir) if resume else None
+            best = resolve_checkpoint(sub_dir / "best") if resume else None
+            if best is not None:  # a --resume --set may have moved the data: `seqzoo evaluate` reads this
+                write_json(best / "config.json", config_to_dict(cfg))
             if done is not None:
                 reason = stop_reason(sub_dir, cfg)
                 if reason is None:

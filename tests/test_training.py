@@ -311,7 +311,9 @@ def test_resume_refuses_changes_to_what_the_checkpoints_were_trained_with(toy_co
         assert "can only add seeds to a run of several" in capsys.readouterr().err
     data = tmp_path / "moved"
     shutil.copytree(toy_corpus, data)
+    shutil.rmtree(toy_corpus)
     assert main(["train", "--resume", str(run_dir), "--set", f"data.data_dir={data}"]) == 0  # the data may move
+    assert main(["evaluate", str(run_dir)]) == 0  # and the trained model follows it
 
 
 def test_a_run_that_failed_before_training_can_start_again(toy_corpus, tmp_path):
