@@ -105,6 +105,31 @@ def test_a_byte_order_mark_is_not_text(tmp_path):
     assert read_semeval2014(path) == read_semeval2014(RESTAURANTS)
 
 
+CAFE = """<?xml version="1.0" encoding="{}"?>
+<sentences>
+  <sentence id="1">
+    <text>The café crème was great</text>
+    <aspectTerms><aspectTerm term="café crème" polarity="positive" from="4" to="14"/></aspectTerms>
+  </sentence>
+</sentences>
+"""
+
+
+@pytest.mark.parametrize("encoding", ["UTF-8", "ISO-8859-1", "windows-1252", "UTF-16"])
+def test_the_declared_encoding_is_honoured(tmp_path, encoding):
+    path = tmp_path / "cafe.xml"
+    path.write_bytes(CAFE.format(encoding).encode(encoding))
+    (example,) = read_semeval2014(path)
+    assert (example.text, example.aspect) == ("The café crème was great", "café crème")
+
+
+def test_undeclared_latin1_names_the_line_and_the_remedy(tmp_path):
+    path = tmp_path / "cafe.xml"
+    path.write_bytes(CAFE.format("UTF-8").encode("latin-1"))
+    with pytest.raises(DataError, match=r"cafe\.xml:4: malformed XML: .*must declare its encoding"):
+        read_semeval2014(path)
+
+
 def test_malformed_xml_names_file_and_line(tmp_path):
     path = tmp_path / "broken.xml"
     path.write_text(RESTAURANTS.read_text().replace("</text>", "", 2))

@@ -5,6 +5,7 @@ import os
 import pytest
 
 from seqzoo.data import DataError, atomic_write_bytes, atomic_write_text, open_text, read_json, read_text, write_json
+from seqzoo.data.io import read_bytes
 
 
 def test_data_error_formats():
@@ -39,13 +40,19 @@ def test_invalid_utf8_names_file_and_line(tmp_path, compress):
 def test_corrupt_gzip_is_a_data_error(tmp_path):
     path = tmp_path / "trunc.txt.gz"
     path.write_bytes(gzip.compress(b"line\n" * 1000)[:-20])
-    with pytest.raises(DataError, match="corrupt gzip"):
+    with pytest.raises(DataError, match="corrupt or truncated gzip"):
         read_text(path)
+    no_trailer = tmp_path / "no_trailer.txt.gz"  # every line is there; only the checksum is missing
+    no_trailer.write_bytes(gzip.compress(b"".join(b"line %d\n" % i for i in range(1000)))[:-8])
+    with pytest.raises(DataError) as info:
+        read_text(no_trailer)
+    assert str(info.value).startswith(f"{no_trailer}: corrupt or truncated gzip data after line 1000 (")
     not_gzip = tmp_path / "plain.txt.gz"
     not_gzip.write_text("plain text\n")
-    with pytest.raises(DataError) as info:
-        read_text(not_gzip)
-    assert str(info.value).startswith(f"{not_gzip}:1: corrupt gzip data")
+    for read in (read_text, read_bytes):
+        with pytest.raises(DataError) as info:
+            read(not_gzip)
+        assert str(info.value).startswith(f"{not_gzip}: corrupt or truncated gzip data (")
 
 
 def test_error_before_first_line_has_no_line_number(tmp_path):

@@ -1,7 +1,7 @@
 """The data layer: readers for standard formats, vocabularies, embeddings and batching.
 
-Every reader accepts plain or ``.gz`` files, decodes UTF-8 strictly and reports malformed
-input as one :class:`DataError` naming the file and line.
+Every reader accepts plain or ``.gz`` files, decodes UTF-8 strictly (XML: the encoding it
+declares) and reports malformed input as one :class:`DataError` naming the file and line.
 """
 
 from seqzoo.data.batching import bucket_batches, pad_batch

@@ -32,7 +32,7 @@ from pathlib import Path
 from xml.parsers import expat
 
 from seqzoo.data.errors import DataError
-from seqzoo.data.io import PathLike, read_text
+from seqzoo.data.io import PathLike, read_bytes
 
 __all__ = ["POLARITIES", "AspectExample", "hard_subset", "hold_out_sentences", "read_semeval2014"]
 
@@ -55,7 +55,7 @@ class AspectExample:
 def read_semeval2014(path: PathLike) -> list[AspectExample]:
     """All (sentence, aspect term) examples of a SemEval-2014 Task 4 file, in file order (DS)."""
     path = Path(path)
-    content = read_text(path)  # a missing file is a DataError naming it
+    content = read_bytes(path)  # a missing file is a DataError naming it
     root, lines = _parse_xml(content, path)
     if root.tag != "sentences":
         raise DataError(f"root element must be <sentences>, got <{root.tag}>", path, lines[root])
@@ -116,11 +116,13 @@ def hold_out_sentences(
     return [e for e in examples if e.index not in held], [e for e in examples if e.index in held]
 
 
-def _parse_xml(content: str, path: Path) -> tuple[ET.Element, dict[ET.Element, int]]:
+def _parse_xml(content: bytes, path: Path) -> tuple[ET.Element, dict[ET.Element, int]]:
     """The element tree of ``content`` and the 1-based line on which each element starts.
 
-    Expat runs without namespace processing (the SemEval-2014 files have none), so an ``xmlns``
-    declaration is read as a plain attribute.
+    Expat decodes the bytes as XML does: UTF-8 or UTF-16 (by its byte-order mark), or the
+    encoding the ``<?xml ... encoding="..."?>`` declaration names. It runs without namespace
+    processing (the SemEval-2014 files have none), so an ``xmlns`` declaration is read as a plain
+    attribute.
     """
     builder = ET.TreeBuilder()
     parser = expat.ParserCreate()
@@ -136,5 +138,10 @@ def _parse_xml(content: str, path: Path) -> tuple[ET.Element, dict[ET.Element, i
     try:
         parser.Parse(content, True)
     except expat.ExpatError as err:
-        raise DataError(f"malformed XML: {err}", path, err.lineno) from None
+        line = content.split(b"\n")[err.lineno - 1] if err.lineno else b""
+        undecodable = (
+            err.code == expat.errors.codes[expat.errors.XML_ERROR_INVALID_TOKEN] and line[err.offset :][:1] >= b"\x80"
+        )
+        hint = " (a file that is not UTF-8 must declare its encoding: <?xml ... encoding=...?>)" if undecodable else ""
+        raise DataError(f"malformed XML: {err}{hint}", path, err.lineno) from None
     return builder.close(), lines

@@ -32,6 +32,7 @@ __all__ = [
     "atomic_write_text",
     "find_file",
     "open_text",
+    "read_bytes",
     "read_json",
     "read_text",
     "require_file",
@@ -68,13 +69,7 @@ class LineReader:
         self.line = 0
         self._pending: collections.deque[str] = collections.deque()  # a raw line's lines (lone "\r"s split one)
         self._owned = stream is None  # a stream that was given (standard input) stays open
-        self._raw: IO[bytes] = stream if stream is not None else self._open()
-
-    def _open(self) -> IO[bytes]:
-        try:
-            return gzip.open(self.path, "rb") if self.path.name.endswith(".gz") else open(self.path, "rb")
-        except OSError as err:
-            raise DataError(f"cannot read: {err.strerror}{unset_variable_hint(self.path)}", self.path) from None
+        self._raw: IO[bytes] = stream if stream is not None else _open_binary(self.path)
 
     def __iter__(self) -> Iterator[str]:
         return self
@@ -94,8 +89,9 @@ class LineReader:
         """The next raw line (up to ``"\n"``) decoded; StopIteration at the end of the file."""
         try:
             raw = self._raw.readline()
-        except _GZIP_ERRORS as err:
-            raise DataError(f"corrupt gzip data ({err})", self.path, self.line + 1) from None
+        except _GZIP_ERRORS as err:  # lines 1..self.line decompressed fine
+            after = f" after line {self.line}" if self.line else ""
+            raise DataError(f"corrupt or truncated gzip data{after} ({err})", self.path) from None
         except OSError as err:  # e.g. a directory
             raise DataError(f"cannot read: {err.strerror}", self.path) from None
         if not raw:
@@ -176,6 +172,26 @@ def read_text(path: PathLike) -> str:
     """The whole decoded content of a text file (``.gz`` aware, strict UTF-8, newlines kept)."""
     with open_text(path) as lines:
         return "".join(lines)
+
+
+def read_bytes(path: PathLike) -> bytes:
+    """The undecoded content of a file (``.gz`` aware), for formats that declare their own encoding
+    (XML); a file that cannot be opened or decompressed is a :class:`DataError`."""
+    path = Path(path)
+    with _open_binary(path) as raw:
+        try:
+            return raw.read()
+        except _GZIP_ERRORS as err:
+            raise DataError(f"corrupt or truncated gzip data ({err})", path) from None
+        except OSError as err:  # e.g. a directory
+            raise DataError(f"cannot read: {err.strerror}", path) from None
+
+
+def _open_binary(path: Path) -> IO[bytes]:
+    try:
+        return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+    except OSError as err:
+        raise DataError(f"cannot read: {err.strerror}{unset_variable_hint(path)}", path) from None
 
 
 def atomic_write_bytes(path: PathLike, data: bytes) -> None:
