@@ -94,9 +94,16 @@ class Encoder(nn.Module):
     def check_input(self, x: Tensor, mask: Tensor | None) -> Tensor:
         """Validate ``x`` (B, T, input_size) and ``mask`` (see :func:`check_mask`); returns the mask."""
         mask = check_mask(x, mask)
+        name = type(self).__name__
         if x.shape[-1] != self.input_size:
-            raise ValueError(
-                f"{type(self).__name__} expects {self.input_size} input features, got input of shape {tuple(x.shape)}"
+            raise ValueError(f"{name} expects {self.input_size} input features, got input of shape {tuple(x.shape)}")
+        if not x.is_floating_point():
+            raise TypeError(f"{name} input must be floating point (embed token ids first), got {x.dtype}")
+        weight = next(self.parameters(), None)
+        if weight is not None and x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
+            raise TypeError(
+                f"{name} input is {x.dtype} but its weights are {weight.dtype}: "
+                f"convert the input (x.to({weight.dtype})) or the encoder (encoder.to({x.dtype}))"
             )
         return mask
 

@@ -73,7 +73,6 @@ class _TorchRNN(Encoder):
         if takes_all_real_shortcut(mask):
             return self.rnn(x, state)
         lengths = lengths_from_mask(mask)
-        self.rnn.check_input(x, None)  # torch's own dtype error, for both paths (packing hides it)
         tracing = torch.jit.is_tracing()  # a trace records the packed path, which serves every mask
         if not tracing and self._run_unpacked(x, lengths, state):  # pads are zeroed: NaN * 0 would stay NaN
             out, final = self._unpacked(x.masked_fill(~mask.unsqueeze(-1), 0.0), lengths, state)

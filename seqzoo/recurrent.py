@@ -135,10 +135,13 @@ class RecurrentCellEncoder(Encoder):
         mask = self.check_input(x, mask)
         batch = x.shape[0]
         shape = (self.num_layers * self.num_directions, batch, self.hidden_size)
+        dtype = next(self.parameters()).dtype  # the state's, also when autocast runs x in lower precision
         if state is None:
-            state = x.new_zeros(shape)
+            state = x.new_zeros(shape, dtype=dtype)
         elif not isinstance(state, Tensor) or tuple(state.shape) != shape:
             raise ValueError(f"state must be a tensor of shape {shape}, got {describe_state(state)}")
+        elif state.dtype != dtype:
+            raise TypeError(f"state is {state.dtype} but the encoder's weights are {dtype}")
         steps = mask.t()  # (T, B)
         full = takes_all_real_shortcut(mask)
         lengths = lengths_from_mask(mask)

@@ -124,8 +124,9 @@ def test_unpacked_checks_the_state_shape():
     with pytest.raises(ValueError, match=r"state must be \(h, c\), each of shape \(2, 2, 4\), got \(\(1, 2, 4\)"):
         enc(x, mask, (torch.zeros(1, 2, 4), torch.zeros(1, 2, 4)))
     enc.double()
+    message = r"input is torch\.float32 but its weights are torch\.float64"
     for grad in (True, False):  # the unpacked and the packed path
-        with torch.set_grad_enabled(grad), pytest.raises(ValueError, match="does not match weight dtype"):
+        with torch.set_grad_enabled(grad), pytest.raises(TypeError, match=message):
             enc(x, mask)
 
 
@@ -218,6 +219,47 @@ def test_input_of_the_wrong_size_or_empty_is_refused(name):
     for rate in (1.0, -0.1):  # a one-layer LSTM does not use its dropout, but still checks it
         with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\)"):
             build_encoder(name, 6, hidden_size=4, dropout=rate, **ALL_ENCODERS[name])
+
+
+@pytest.mark.parametrize("name", ALL_ENCODERS)
+def test_input_of_another_dtype_than_the_weights_is_refused(name):
+    """One message for every encoder (the LSTM/GRU had torch's RNN message, the others a matmul's),
+    which says how to mend it; under autocast lower-precision input is what autocast makes, so it runs."""
+    enc = build_encoder(name, 6, hidden_size=4, **ALL_ENCODERS[name])
+    cls = type(enc).__name__
+    message = f"{cls} input is torch.float64 but its weights are torch.float32: convert the input"
+    with pytest.raises(TypeError, match=re.escape(message)):
+        enc(torch.randn(2, 5, 6, dtype=torch.float64))
+    with pytest.raises(TypeError, match=re.escape(f"{cls} input must be floating point (embed token ids first)")):
+        enc(torch.randint(0, 5, (2, 5, 6)))
+    _, state = enc(torch.randn(2, 5, 6))
+    if name in ("mzu", "dtgru", "gru_ln"):  # seqzoo's time loop; torch's RNNs check their own states
+        with pytest.raises(
+            TypeError, match=re.escape("state is torch.float64 but the encoder's weights are torch.float32")
+        ):
+            enc(torch.randn(2, 5, 6), None, state.double())
+    assert enc.double()(torch.randn(2, 5, 6, dtype=torch.float64))[0].dtype == torch.float64
+
+
+@pytest.mark.parametrize(
+    ("name", "bidirectional"),
+    [(name, bi) for name in ALL_ENCODERS for bi in (False, True) if not (bi and name == "transformer")],
+)
+def test_bfloat16_input_under_cpu_autocast(name, bidirectional, single_thread):
+    """Input that is already bfloat16 (the output of a layer before the encoder, under autocast) runs
+    forward and backward, padded, close to the float32 run. The DT-GRU and GRU+LN used to fail:
+    their zero state took the input's dtype, and the float32 candidate could not be mixed with it."""
+    torch.manual_seed(0)
+    enc = build_encoder(name, 6, hidden_size=4, bidirectional=bidirectional, **ALL_ENCODERS[name]).eval()
+    x = torch.randn(3, 5, 6)
+    mask = torch.arange(5) < torch.tensor([5, 3, 1]).unsqueeze(1)
+    expected, _ = enc(x, mask)
+    half = x.bfloat16().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = enc(half, mask)
+    out.float().square().sum().backward()
+    assert torch.isfinite(half.grad).all() and (out[~mask] == 0).all()
+    torch.testing.assert_close(out.float(), expected, atol=0.05, rtol=0.05)
 
 
 def test_argument_types_are_checked_before_anything_is_built():
