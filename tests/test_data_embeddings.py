@@ -44,6 +44,22 @@ def test_gz_and_word2vec_header(tmp_path):
     assert torch.equal(weight[VOCAB.token_to_id("the")], torch.tensor([0.1, 0.2, 0.3, 0.4]))
 
 
+def test_a_word_may_contain_spaces(tmp_path):
+    """glove.840B.300d has words such as ". . ." and "at name@domain.com": the last dim fields are
+    the values; extra fields that are all numbers are too many values, as before."""
+    path = tmp_path / "spaced.txt"
+    path.write_text("the 0.1 0.2 0.3\n. . . 1 2 3\nat name@domain.com 4 5 6\nparis 7 8 9\n")
+    vocab = Vocab.build([["the", ". . .", "at name@domain.com", "paris"]])
+    weight, stats = load_vectors(path, vocab)
+    assert stats.dim == 3 and stats.file_words == 4 and stats.oov == 0
+    assert torch.equal(weight[vocab.token_to_id(". . .")], torch.tensor([1.0, 2.0, 3.0]))
+    assert torch.equal(weight[vocab.token_to_id("at name@domain.com")], torch.tensor([4.0, 5.0, 6.0]))
+    assert torch.equal(weight[vocab.token_to_id("paris")], torch.tensor([7.0, 8.0, 9.0]))
+    path.write_text("the 0.1 0.2 0.3\nparis 7 8 9 1e-3 -2\n")
+    with pytest.raises(DataError, match=r"spaced\.txt:2: expected a word and 3 values, found 5 values"):
+        load_vectors(path, vocab)
+
+
 @pytest.mark.parametrize(
     ("name", "dim", "line", "message"),
     [

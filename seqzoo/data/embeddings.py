@@ -48,8 +48,10 @@ def load_vectors(
 
     Format: one ``word v1 ... vd`` per line, fields separated by single spaces (a trailing
     space is tolerated); an optional word2vec header ``N D`` on the first line is checked
-    and skipped. ``dim`` is inferred from the first vector when None. Words containing
-    spaces are not supported (such a line has the wrong number of fields).
+    and skipped. ``dim`` is inferred from the first vector when None. A word may contain
+    spaces (the cased 300d GloVe, ``glove.840B.300d``, the QRNN paper's, has a few, such as
+    ``. . .``): the last ``dim`` fields of a line are its values, and the fields before them its
+    word, unless the extra fields are all numbers (then the line has too many values).
 
     Row of a vocabulary entry: its vector; else, with ``lowercase_fallback``, the vector of
     its lower-cased form; else a draw from N(0, ``init_std``²) from a ``torch.Generator``
@@ -82,7 +84,13 @@ def load_vectors(
                 raise lines.error("two spaces in a row: the values are separated by single spaces")
             if dim is None:
                 dim = n_values
-            if n_values != dim:
+            if n_values > dim:  # a word with spaces, or too many values
+                fields = values.split(" ")
+                extra = fields[: n_values - dim]
+                if all(map(_is_number, extra)):
+                    raise lines.error(f"expected a word and {dim} values, found {n_values} values")
+                word, values = " ".join([word, *extra]), " ".join(fields[n_values - dim :])
+            elif n_values < dim:
                 raise lines.error(f"expected a word and {dim} values, found {n_values} values")
             if word in wanted and word not in vectors:
                 try:
@@ -97,6 +105,14 @@ def load_vectors(
     if header is not None and header[0] != file_words:
         raise DataError(f"header declares {header[0]} vectors, the file has {file_words}", path, 1)
     return _assemble(vocab, vectors, dim, file_words, lowercase_fallback, init_std, seed)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _assemble(
