@@ -256,6 +256,10 @@ class TransformerEncoder(Encoder):
             )
         super().__init__(input_size, hidden_size)
         check_rate("dropout", dropout)
+        if num_layers < 1 or nhead < 1 or hidden_size % nhead:
+            raise ValueError(
+                f"need num_layers >= 1 and nhead dividing hidden_size {hidden_size}, got {num_layers} and {nhead}"
+            )
         self.causal = causal
         self.proj = nn.Linear(input_size, hidden_size) if input_size != hidden_size else nn.Identity()
         layer = nn.TransformerEncoderLayer(

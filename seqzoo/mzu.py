@@ -189,7 +189,9 @@ class MFunction(nn.Module):
         super().__init__()
         if composition not in COMPOSITIONS:
             raise ValueError(f"composition must be one of {COMPOSITIONS}, got {composition!r}")
-        if num_zones < 1 or hidden_size % num_zones:
+        if num_zones < 1:
+            raise ValueError(f"num_zones must be >= 1, got {num_zones}")
+        if hidden_size % num_zones:
             raise ValueError(f"hidden_size {hidden_size} must be divisible by num_zones {num_zones}")
         if composition == "cap" and (capsules < 1 or hidden_size % capsules or routing_iters < 1):
             raise ValueError(f"cap needs capsules dividing hidden_size {hidden_size} and routing_iters >= 1")

@@ -361,6 +361,13 @@ def test_bidirectional_encoders_are_not_stateful(name):
     assert not enc.stateful and not enc.causal
 
 
+def test_transformer_sizes_are_checked():
+    """torch's layer answered a head count that does not divide the width with a bare AssertionError."""
+    for kwargs in ({"nhead": 3}, {"num_layers": 0}):
+        with pytest.raises(ValueError, match=r"need num_layers >= 1 and nhead dividing hidden_size 8"):
+            build_encoder("transformer", 6, hidden_size=8, **kwargs)
+
+
 def test_transformer_takes_bidirectional_false_and_runs_in_bfloat16():
     enc = build_encoder("transformer", 6, hidden_size=8, nhead=2, bidirectional=False).to(torch.bfloat16)
     out, _ = enc(torch.randn(2, 3, 6, dtype=torch.bfloat16))

@@ -122,6 +122,8 @@ def test_shapes(composition, zones):
 def test_invalid_configurations():
     with pytest.raises(ValueError, match="divisible"):
         MZU(3, 10, num_zones=4)
+    with pytest.raises(ValueError, match="num_zones must be >= 1, got 0"):
+        MZU(3, 8, num_zones=0)
     with pytest.raises(ValueError, match="composition"):
         MZU(3, 8, composition="rnn")
     with pytest.raises(ValueError, match="capsules"):
