@@ -18,7 +18,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from seqzoo._warn import warn_user
+from seqzoo.config import ConfigError
 from seqzoo.data.errors import DataError
+from seqzoo.data.io import read_text
 from seqzoo.runner import per_seed
 from seqzoo.training import mean_std
 
@@ -111,9 +116,36 @@ def _test_metrics(run_dir: Path) -> dict[str, list[float]]:
     return metrics
 
 
+def _setting(run_dir: Path) -> dict[str, Any] | None:
+    """What a run was trained and tested on, from its ``config.yaml`` (None without one)."""
+    path = run_dir / "config.yaml"
+    if not path.exists():
+        return None
+    values = yaml.safe_load(read_text(path)) or {}
+    data = values.get("data") or {}
+    data_dir = data.get("data_dir")
+    return {
+        "task": values.get("task"),
+        "data": data.get("name") or (Path(data_dir).name if data_dir else None),
+        "level": data.get("level"),
+    }
+
+
 def compare_runs(run_a: str | Path, run_b: str | Path) -> list[dict[str, Any]]:
-    """One record per test metric the two runs share: each side's values, mean, std, and the test."""
+    """One record per test metric the two runs share: each side's values, mean, std, and the test.
+
+    Runs of different tasks are refused (``ConfigError``); runs tested on differently named data
+    are compared with a warning.
+    """
     a, b = _test_metrics(Path(run_a)), _test_metrics(Path(run_b))
+    setting_a, setting_b = _setting(Path(run_a)), _setting(Path(run_b))
+    if setting_a and setting_b and setting_a != setting_b:
+        what = ", ".join(
+            f"{key} {setting_a[key]!r} vs {setting_b[key]!r}" for key in setting_a if setting_a[key] != setting_b[key]
+        )
+        if setting_a["task"] != setting_b["task"]:
+            raise ConfigError(f"{run_a} and {run_b} are not comparable: {what}")
+        warn_user(f"{run_a} and {run_b} were tested on different data ({what})")
     records = []
     for key in sorted(a.keys() & b.keys()):
         (mean_a, std_a), (mean_b, std_b) = mean_std(a[key]), mean_std(b[key])

@@ -1,5 +1,6 @@
 import json
 import math
+import warnings
 
 import pytest
 
@@ -102,3 +103,20 @@ def test_compare_errors_name_the_run(tmp_path, capsys):
     (tmp_path / "bad" / "summary.json").write_text("{}")
     assert main(["compare", str(a), str(tmp_path / "bad")]) == 2
     assert "summary.json: not a seqzoo summary" in capsys.readouterr().err
+
+
+def test_runs_of_other_tasks_are_refused_and_other_data_is_named(tmp_path, capsys):
+    a = _run(tmp_path, "a", [0.90, 0.91], [0.3, 0.3])
+    b = _run(tmp_path, "b", [0.92, 0.93], [0.2, 0.2])
+    (a / "config.yaml").write_text("task: classification\ndata: {name: mr, data_dir: /d/mtl}\n")
+    (b / "config.yaml").write_text("task: lm\ndata: {data_dir: /d/lm/brown_word, level: word}\n")
+    assert main(["compare", str(a), str(b)]) == 2
+    message = "are not comparable: task 'classification' vs 'lm', data 'mr' vs 'brown_word', level None vs 'word'"
+    assert message in capsys.readouterr().err
+    (b / "config.yaml").write_text("task: classification\ndata: {name: imdb, data_dir: /d/mtl}\n")
+    with pytest.warns(UserWarning, match="were tested on different data \\(data 'mr' vs 'imdb'\\)"):
+        assert main(["compare", str(a), str(b)]) == 0
+    (b / "config.yaml").write_text("task: classification\ndata: {name: mr, data_dir: /moved/mtl}\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same data elsewhere is the same data
+        assert main(["compare", str(a), str(b)]) == 0
