@@ -72,9 +72,11 @@ def hidden_states(task, text: str, channels: int | None = None) -> HiddenStates:
 
 
 def hidden_state_figure(states: HiddenStates, title: str = "") -> Figure:
-    """Units down, tokens across, on a diverging scale symmetric around 0."""
+    """Units down, tokens across, on a diverging scale symmetric around 0. Up to 64 units each get a
+    labelled row; more get thin unlabelled rows (256 units: a 10-inch-high map, not a 30-inch strip)."""
     steps, units = states.values.shape
-    fig = Figure(figsize=(min(40.0, max(6.0, 0.25 * steps)), min(30.0, max(3.0, 0.12 * units + 1.5))))
+    per_unit = 0.12 if units <= 64 else 0.033
+    fig = Figure(figsize=(min(40.0, max(6.0, 0.25 * steps)), min(30.0, max(3.0, per_unit * units + 1.5))))
     ax = fig.subplots()
     limit = float(states.values.abs().max()) or 1.0
     image = ax.imshow(

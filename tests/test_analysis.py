@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import write_sentiment_corpus
 
-from seqzoo.analysis import hidden_state_figure, hidden_states, plot_hidden_states
+from seqzoo.analysis import HiddenStates, hidden_state_figure, hidden_states, plot_hidden_states
 from seqzoo.cli import main
 from seqzoo.config import load_config
 from seqzoo.runner import load_task, run
@@ -50,6 +50,14 @@ def test_plotted_matrix_is_the_encoder_output(qrnn_run, tmp_path):
     assert torch.allclose(states.values, outputs)
     image = hidden_state_figure(states).axes[0].images[0].get_array()
     assert np.allclose(image, outputs.T.numpy())  # units down, tokens across
+
+
+def test_many_units_get_thin_unlabelled_rows():
+    tokens = "a gorgeous witty film".split()
+    few = hidden_state_figure(HiddenStates(tokens, list(range(32)), torch.randn(4, 32)))
+    many = hidden_state_figure(HiddenStates(tokens, list(range(256)), torch.randn(4, 256)))
+    assert len(few.axes[0].get_yticks()) == 32 and few.get_size_inches()[1] == pytest.approx(0.12 * 32 + 1.5)
+    assert 8 < many.get_size_inches()[1] < 11  # was 30 inches: a strip eight times as high as wide
 
 
 def test_channels_keeps_the_most_variable_units(qrnn_run):
