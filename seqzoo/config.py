@@ -192,7 +192,8 @@ class TrainConfig:
     checkpoint_every: int = 200  # steps between resumable checkpoints, also saved at every epoch end (0 = only there)
     threads: int | None = None  # torch.set_num_threads
     progress: bool | None = None  # None = only on a terminal
-    log_every: int | None = 100  # without a progress bar: a log line every this many steps (None = off)
+    # Every this many steps: a step record in metrics.jsonl and, without a progress bar, a log line (None = off).
+    log_every: int | None = 100
     device: str = "auto"  # "auto" (the GPU when torch sees one, else the CPU), "cpu", "cuda" or "cuda:N"
     # Training steps' forward pass under torch.autocast: "bf16", "fp16" (a GPU only; with loss
     # scaling), or "fp32" (none). Weights, optimiser state and evaluation stay in float32.

@@ -245,6 +245,7 @@ class Trainer:
             "loss_sum": 0.0,
             "aux_sum": 0.0,
             "loss_count": 0,
+            "window": [0.0, 0.0, 0],  # loss, regulariser and count since the last step record
             "best": None,
             "best_epoch": None,
             "bad_epochs": 0,
@@ -296,6 +297,7 @@ class Trainer:
         doc = _read_train_state(path)
         doc["loop"].pop("done", None)  # a stop flag older runs stored; stopping now follows the config
         doc["loop"].setdefault("aux_sum", 0.0)  # older runs did not report the regulariser apart
+        doc["loop"].setdefault("window", [0.0, 0.0, 0])  # nor record the loss every log_every steps
         if set(doc["loop"]) != set(self.state):
             missing, unknown = sorted(set(self.state) - set(doc["loop"])), sorted(set(doc["loop"]) - set(self.state))
             raise TrainingError(
@@ -397,9 +399,11 @@ class Trainer:
             for group in self.optimizer.param_groups:  # the one place the optimiser's rate is set
                 group["lr"] = lr
             update(task.model, self.optimizer, loss, cfg.optim.clip_norm, self.scaler)
-            state["loss_sum"] += loss.item() * count
-            state["aux_sum"] += auxiliary * count
+            sums = (loss.item() * count, auxiliary * count, count)
+            state["loss_sum"] += sums[0]
+            state["aux_sum"] += sums[1]
             state["loss_count"] += count
+            state["window"] = [total + part for total, part in zip(state["window"], sums, strict=True)]
             state["step_in_epoch"] = index + 1
             state["global_step"] += 1
             tokens_seen += tokens
@@ -407,8 +411,12 @@ class Trainer:
             if bar.n % 10 == 0 or index + 1 == len(batches):
                 rate = tokens_seen / max(time.perf_counter() - start - saving, 1e-9)
                 bar.set_postfix(loss=f"{self._epoch_loss():.4f}", tok_s=f"{rate:,.0f}")
-            if not show and cfg.train.log_every and (index + 1) % cfg.train.log_every == 0:
-                self._log_progress(epoch, index + 1, len(batches), time.perf_counter() - start - saving, tokens_seen)
+            if cfg.train.log_every and (index + 1) % cfg.train.log_every == 0:
+                self._record_step(epoch, lr)
+                if not show:
+                    self._log_progress(
+                        epoch, index + 1, len(batches), time.perf_counter() - start - saving, tokens_seen
+                    )
             if cfg.train.checkpoint_every and state["global_step"] % cfg.train.checkpoint_every == 0:
                 began = time.perf_counter()
                 self._save_last()
@@ -420,6 +428,17 @@ class Trainer:
     def _epoch_loss(self) -> float:
         """The mean training loss of the epoch so far."""
         return self.state["loss_sum"] / max(self.state["loss_count"], 1)
+
+    def _record_step(self, epoch: int, lr: float) -> None:
+        """A ``step`` record: the mean training loss since the previous one (the curve in loss.png)."""
+        state = self.state
+        loss, auxiliary, count = state["window"]
+        state["window"] = [0.0, 0.0, 0]
+        record = {"event": "step", "epoch": epoch + 1, "step": state["global_step"], "lr": lr}
+        record["train_loss"] = loss / max(count, 1)
+        if auxiliary:
+            record["train_auxiliary"] = auxiliary / max(count, 1)
+        self._record(record)
 
     def _log_progress(self, epoch: int, step: int, steps: int, seconds: float, tokens: int) -> None:
         """One line per ``train.log_every`` steps where no progress bar is shown (logs, batch jobs)."""
@@ -443,6 +462,7 @@ class Trainer:
         record = {
             "event": "epoch",
             "epoch": epoch + 1,
+            "step": state["global_step"],
             "lr": self.optimizer.param_groups[0]["lr"],  # the epoch's last step's
             "train_loss": self._epoch_loss(),  # the objective: with the regulariser, when there is one
             **({"train_auxiliary": auxiliary} if auxiliary else {}),  # ... which is this part of it
@@ -470,7 +490,7 @@ class Trainer:
             state["bad_epochs"] += 1
         self._record(record)
         self._step_schedule(epoch, improved)
-        state.update(epoch=epoch + 1, step_in_epoch=0, loss_sum=0.0, aux_sum=0.0, loss_count=0)
+        state.update(epoch=epoch + 1, step_in_epoch=0, loss_sum=0.0, aux_sum=0.0, loss_count=0, window=[0.0, 0.0, 0])
         if _patience_spent(state, cfg):
             log.info("early stopping: no dev improvement for %d epochs", cfg.train.patience)
         if _budget_spent(state, cfg):

@@ -223,9 +223,10 @@ def test_resume_after_sigkill_reproduces_uninterrupted_run(toy_corpus, tmp_path,
     config = _config_yaml(toy_corpus, tmp_path)
     env = without_gpu({**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
     base = [sys.executable, "-c", _KILLER, "train", "--set", "train.threads=1"]  # + CONFIG or --resume RUN
-    base += [arg for override in schedule for arg in ("--set", override)]
+    base += [arg for override in ["train.log_every=4", *schedule] for arg in ("--set", override)]
     # 240 examples / batch 8 = 30 batches per epoch; checkpoints every 10 steps.
     # Step 47 is mid-epoch 2, 7 steps after the last checkpoint: that work is lost and redone.
+    # The checkpoint (step 10 of epoch 2) falls inside a window of the step records (every 4 steps).
     killed = subprocess.run(
         [*base, str(config), "--run-dir", str(tmp_path / "killed")],
         env={**env, "KILL_AT": "47"},
@@ -247,6 +248,8 @@ def test_resume_after_sigkill_reproduces_uninterrupted_run(toy_corpus, tmp_path,
     )
     assert clean.returncode == 0, clean.stderr
     assert metric_records(tmp_path / "killed") == metric_records(tmp_path / "clean")
+    events = [r["event"] for r in metric_records(tmp_path / "clean")]
+    assert events == (["step"] * 7 + ["epoch"]) * 3 + ["test"]
     for name in ("best/model.safetensors", "last/model.safetensors"):
         from safetensors.torch import load_file
 
