@@ -63,10 +63,10 @@ class LastPooler(Pooler):
         last = (mask.sum(1) - 1).clamp(min=0)  # (B,)
         rows = torch.arange(outputs.shape[0], device=outputs.device)
         final = outputs[rows, last]  # (B, D)
-        if not self.bidirectional:
-            return final
-        half = outputs.shape[-1] // 2
-        return torch.cat([final[:, :half], outputs[:, 0, half:]], dim=-1)
+        if self.bidirectional:
+            half = outputs.shape[-1] // 2
+            final = torch.cat([final[:, :half], outputs[:, 0, half:]], dim=-1)
+        return final * mask[:, :1]  # a row without tokens pools to 0, as with the other poolers
 
 
 class MeanPooler(Pooler):

@@ -389,6 +389,8 @@ def test_poolers_ignore_padding(name):
     torch.testing.assert_close(a, b)
     alone = pool(out[:1, :3], mask[:1, :3])
     torch.testing.assert_close(a[:1], alone)
+    empty = torch.tensor([[False] * 5, [True] * 5])  # a row without tokens pools to zeros (it was t = 0's values)
+    assert pool(noisy, empty)[0].eq(0).all()
 
 
 @pytest.mark.parametrize("name", ["last", "mean", "max", "meanmax", "attention"])
