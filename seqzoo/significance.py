@@ -111,7 +111,7 @@ def _test_metrics(run_dir: Path) -> dict[str, list[float]]:
     metrics: dict[str, list[float]] = {}
     for record in per_seed(runs).values():  # one value per seed: the folds of a seed are averaged
         for key, value in record.items():
-            if isinstance(value, (int, float)):
+            if isinstance(value, (int, float)) and key != "test_tokens":  # a count, not a metric
                 metrics.setdefault(key, []).append(float(value))
     return metrics
 
