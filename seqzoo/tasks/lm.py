@@ -329,7 +329,7 @@ def plot_length_buckets(series: Mapping[str, Sequence[dict[str, Any]]], path: st
             for b in buckets
         ]
         ax.plot(names, [b[metric] for b in buckets], "o-", label=label)
-    ax.set(xlabel="sequence length", ylabel=metric, title=f"{metric.upper()} by sequence length")
+    ax.set(xlabel="sequence length", ylabel=metric.upper(), title=f"{metric.upper()} by sequence length")
     ax.grid(alpha=0.3)
     ax.legend()
     return save_figure(fig, Path(path))
