@@ -161,8 +161,8 @@ def _sample(args: argparse.Namespace) -> int:
     if not isinstance(task, LMTask):
         raise ConfigError(f"{runs[0]}: not a language model run")
     try:
-        text = sample(task, args.length, args.temperature, args.prime, args.seed)
-    except ValueError as err:  # --length < 0 or --temperature <= 0
+        text = sample(task, args.length, args.temperature, args.prime, args.seed, args.top_p)
+    except ValueError as err:  # --length < 0, --temperature <= 0, --top-p outside (0, 1]
         raise ConfigError(f"{runs[0]}: {err}") from None
     print(text)
     return 0
@@ -304,6 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("run_dir")
     gen.add_argument("--length", type=int, default=200, help="tokens to generate (default 200)")
     gen.add_argument("--temperature", type=float, default=1.0, help="softmax temperature > 0 (default 1)")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: draw from the top tokens of this mass")
     gen.add_argument("--prime", default="", help="text to start from (default: a new line)")
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(func=_sample)

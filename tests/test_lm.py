@@ -274,6 +274,11 @@ def test_sample_function_and_cli(corpus, tmp_path, capsys):
     with pytest.raises(ValueError, match="temperature"):
         sample(task, temperature=0)
     assert main(["sample", str(tmp_path / "r"), "--temperature", "0"]) == 2
+    assert main(["sample", str(tmp_path / "r"), "--top-p", "0"]) == 2
+    greedy = sample(task, length=12, prime="the cat", seed=3, temperature=1e-4)  # argmax at every step
+    assert sample(task, length=12, prime="the cat", seed=5, top_p=1e-6) == greedy
+    assert main(["sample", str(tmp_path / "r"), "--length", "12", "--prime", "the cat", "--top-p", "1e-6"]) == 0
+    assert capsys.readouterr().out == greedy + "\n"
     assert main(["sample", str(tmp_path / "r"), "--length", "0", "--prime", "the cat"]) == 0
     assert capsys.readouterr().out == "the cat\n"
     assert main(["predict", str(tmp_path / "r")]) == 2  # a language model has nothing to classify

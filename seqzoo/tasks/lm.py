@@ -336,8 +336,13 @@ def plot_length_buckets(series: Mapping[str, Sequence[dict[str, Any]]], path: st
 
 
 @torch.no_grad()
-def sample(task: LMTask, length: int = 200, temperature: float = 1.0, prime: str = "", seed: int = 0) -> str:
+def sample(
+    task: LMTask, length: int = 200, temperature: float = 1.0, prime: str = "", seed: int = 0, top_p: float = 1.0
+) -> str:
     """``prime`` followed by ``length`` tokens drawn from the model (softmax of logits / temperature).
+
+    ``top_p`` < 1 is nucleus sampling (Holtzman et al. 2020): each draw is from the most probable
+    tokens whose probabilities first sum to ``top_p`` or more, renormalised (a tiny ``top_p``: greedy).
 
     Char level: ``prime`` is read character by character and the result is the raw text.
     Word level: ``prime`` is split on whitespace; words are joined by spaces, ``<eos>`` by newlines.
@@ -349,6 +354,8 @@ def sample(task: LMTask, length: int = 200, temperature: float = 1.0, prime: str
         raise ValueError(f"length must be >= 0, got {length}")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     vocab, model = task.vocab, task.model
     context = list(prime) if task.level == "char" else prime.split()
     unknown = sorted({token for token in context if token not in vocab})
@@ -365,7 +372,12 @@ def sample(task: LMTask, length: int = 200, temperature: float = 1.0, prime: str
         scaled[vocab.pad_id] = -math.inf
         if task.level == "char":
             scaled[vocab.unk_id] = -math.inf
-        drawn.append(int(torch.multinomial(torch.softmax(scaled, -1), 1, generator=generator)))
+        probs = torch.softmax(scaled, -1)
+        if top_p < 1:  # keep each token while the more probable ones hold less than top_p
+            ranked, order = probs.sort(descending=True)
+            keep = ranked.cumsum(0) - ranked < top_p
+            probs = torch.zeros_like(probs).scatter(0, order[keep], ranked[keep])
+        drawn.append(int(torch.multinomial(probs, 1, generator=generator)))
         logits, state = model(torch.tensor([[drawn[-1]]], device=task.device), state)
     model.train(was_training)
     tokens = vocab.decode(drawn)
