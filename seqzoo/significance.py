@@ -18,12 +18,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from seqzoo._warn import warn_user
-from seqzoo.config import ConfigError
+from seqzoo.config import ConfigError, load_config
 from seqzoo.data.errors import DataError
-from seqzoo.data.io import read_text
 from seqzoo.runner import per_seed
 from seqzoo.training import mean_std
 
@@ -121,13 +118,12 @@ def _setting(run_dir: Path) -> dict[str, Any] | None:
     path = run_dir / "config.yaml"
     if not path.exists():
         return None
-    values = yaml.safe_load(read_text(path)) or {}
-    data = values.get("data") or {}
-    data_dir = data.get("data_dir")
+    config = load_config(path, resolved=True)
+    data = config.data
     return {
-        "task": values.get("task"),
-        "data": data.get("name") or (Path(data_dir).name if data_dir else None),
-        "level": data.get("level"),
+        "task": config.task,
+        "data": getattr(data, "name", None) or (Path(data.data_dir).name if data.data_dir else None),
+        "level": getattr(data, "level", None),
     }
 
 

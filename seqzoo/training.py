@@ -245,7 +245,7 @@ class Trainer:
             "loss_sum": 0.0,
             "aux_sum": 0.0,
             "loss_count": 0,
-            "window": [0.0, 0.0, 0],  # loss, regulariser and count since the last step record
+            "window_start": [0.0, 0.0, 0],  # loss_sum, aux_sum, loss_count at the last step record
             "best": None,
             "best_epoch": None,
             "bad_epochs": 0,
@@ -297,7 +297,7 @@ class Trainer:
         doc = _read_train_state(path)
         doc["loop"].pop("done", None)  # a stop flag older runs stored; stopping now follows the config
         doc["loop"].setdefault("aux_sum", 0.0)  # older runs did not report the regulariser apart
-        doc["loop"].setdefault("window", [0.0, 0.0, 0])  # nor record the loss every log_every steps
+        doc["loop"].setdefault("window_start", [0.0, 0.0, 0])  # nor record the loss every log_every steps
         if set(doc["loop"]) != set(self.state):
             missing, unknown = sorted(set(self.state) - set(doc["loop"])), sorted(set(doc["loop"]) - set(self.state))
             raise TrainingError(
@@ -399,11 +399,9 @@ class Trainer:
             for group in self.optimizer.param_groups:  # the one place the optimiser's rate is set
                 group["lr"] = lr
             update(task.model, self.optimizer, loss, cfg.optim.clip_norm, self.scaler)
-            sums = (loss.item() * count, auxiliary * count, count)
-            state["loss_sum"] += sums[0]
-            state["aux_sum"] += sums[1]
+            state["loss_sum"] += loss.item() * count
+            state["aux_sum"] += auxiliary * count
             state["loss_count"] += count
-            state["window"] = [total + part for total, part in zip(state["window"], sums, strict=True)]
             state["step_in_epoch"] = index + 1
             state["global_step"] += 1
             tokens_seen += tokens
@@ -432,8 +430,9 @@ class Trainer:
     def _record_step(self, epoch: int, lr: float) -> None:
         """A ``step`` record: the mean training loss since the previous one (the curve in loss.png)."""
         state = self.state
-        loss, auxiliary, count = state["window"]
-        state["window"] = [0.0, 0.0, 0]
+        totals = [state["loss_sum"], state["aux_sum"], state["loss_count"]]
+        loss, auxiliary, count = (total - start for total, start in zip(totals, state["window_start"], strict=True))
+        state["window_start"] = totals
         record = {"event": "step", "epoch": epoch + 1, "step": state["global_step"], "lr": lr}
         record["train_loss"] = loss / max(count, 1)
         if auxiliary:
@@ -490,7 +489,9 @@ class Trainer:
             state["bad_epochs"] += 1
         self._record(record)
         self._step_schedule(epoch, improved)
-        state.update(epoch=epoch + 1, step_in_epoch=0, loss_sum=0.0, aux_sum=0.0, loss_count=0, window=[0.0, 0.0, 0])
+        state.update(
+            epoch=epoch + 1, step_in_epoch=0, loss_sum=0.0, aux_sum=0.0, loss_count=0, window_start=[0.0, 0.0, 0]
+        )
         if _patience_spent(state, cfg):
             log.info("early stopping: no dev improvement for %d epochs", cfg.train.patience)
         if _budget_spent(state, cfg):

@@ -373,10 +373,9 @@ def sample(
         if task.level == "char":
             scaled[vocab.unk_id] = -math.inf
         probs = torch.softmax(scaled, -1)
-        if top_p < 1:  # keep each token while the more probable ones hold less than top_p
+        if top_p < 1:  # drop each token once the more probable ones hold top_p
             ranked, order = probs.sort(descending=True)
-            keep = ranked.cumsum(0) - ranked < top_p
-            probs = torch.zeros_like(probs).scatter(0, order[keep], ranked[keep])
+            probs[order[ranked.cumsum(0) - ranked >= top_p]] = 0.0
         drawn.append(int(torch.multinomial(probs, 1, generator=generator)))
         logits, state = model(torch.tensor([[drawn[-1]]], device=task.device), state)
     model.train(was_training)
