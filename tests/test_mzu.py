@@ -367,9 +367,15 @@ def test_m_function_biases_start_at_zero_so_outputs_depend_on_the_input():
     assert torch.cosine_similarity(a, b, dim=-1).mean() < 0.6
 
 
+CUDA = pytest.param(
+    "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+)
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
 @pytest.mark.parametrize("bidirectional", [False, True])
-def test_cpu_autocast_projects_the_input_in_bfloat16_and_runs_the_recurrence_in_float32(monkeypatch, bidirectional):
-    """Under CPU autocast (``train.precision: bf16``) only the hoisted input projection runs in
+def test_autocast_projects_the_input_in_bfloat16_and_runs_the_recurrence_in_float32(monkeypatch, bidirectional, device):
+    """Under autocast (``train.precision: bf16``, CPU or CUDA) only the hoisted input projection runs in
     bfloat16; every step runs in float32 with autocast off (under autocast each of its dozens of
     small ops would pay a cast, and the capMZU+DT's training step was 1.2-1.3x slower than in
     float32). So the autocast run, values and gradients, equals a float32 run whose input
@@ -391,19 +397,20 @@ def test_cpu_autocast_projects_the_input_in_bfloat16_and_runs_the_recurrence_in_
     transition_step = MZUTransition.step
 
     def step_spy(cell, pre, h, *args):
-        step_dtypes.add((pre.dtype, h.dtype, torch.is_autocast_enabled("cpu")))
+        step_dtypes.add((pre.dtype, h.dtype, torch.is_autocast_enabled(device)))
         return transition_step(cell, pre, h, *args)
 
     monkeypatch.setattr(MZUCell, "prepare", spy)
     monkeypatch.setattr(MZUTransition, "step", step_spy)
     torch.manual_seed(0)
-    encoder = MZU(6, 16, composition="cap", num_layers=2, transition_depth=1, bidirectional=bidirectional).eval()
-    x = torch.randn(3, 40, 6, requires_grad=True)
-    mask = torch.arange(40) < torch.tensor([40, 17, 1]).unsqueeze(1)
+    encoder = MZU(6, 16, composition="cap", num_layers=2, transition_depth=1, bidirectional=bidirectional)
+    encoder = encoder.to(device).eval()
+    x = torch.randn(3, 40, 6).to(device).requires_grad_(True)
+    mask = (torch.arange(40) < torch.tensor([40, 17, 1]).unsqueeze(1)).to(device)
     results = []
     for autocast in (True, False):
         by_hand = not autocast
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
             out, final = encoder(x, mask)
         assert out.dtype == final.dtype == torch.float32
         grads = torch.autograd.grad(out.square().sum() + encoder.auxiliary_loss(), [x, *encoder.parameters()])
