@@ -179,7 +179,7 @@ def test_every_encoder_under_cuda_autocast_follows_float32(case, dtype, full_flo
     for a, b in zip(expected_grads, grads, strict=True):
         assert torch.isfinite(b).all()
         if name != "mzu":
-            assert (a - b).norm() <= 3e-2 * a.norm() + 1e-6, f"relative error {((a - b).norm() / a.norm()).item():.3g}"
+            assert (a - b).norm() <= 5e-2 * a.norm() + 1e-6, f"relative error {((a - b).norm() / a.norm()).item():.3g}"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
