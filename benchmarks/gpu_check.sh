@@ -23,7 +23,8 @@ if [[ $what == tests || $what == all ]]; then
     python3 -m pytest -q -p no:cacheprovider -m gpu -rs $workers tests 2>&1 | tee "$out/tests.log"
 fi
 if [[ $what == suite || $what == all ]]; then
-    python3 -m pytest -q -p no:cacheprovider -m "not gpu" $workers tests 2>&1 | tee "$out/suite.log"
+    # 2 threads a worker: 8 workers of 16 threads each stalled a 16-core machine (session 38)
+    OMP_NUM_THREADS=2 python3 -m pytest -q -p no:cacheprovider -m "not gpu" -rf $workers tests 2>&1 | tee "$out/suite.log"
 fi
 if [[ $what == bench || $what == all ]]; then
     grid=$(python3 -c "print(','.join(f'{b}x{t}x320' for b in (8, 16, 32, 64, 128, 256) for t in (32, 64, 128, 256, 512)))")

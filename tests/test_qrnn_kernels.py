@@ -120,6 +120,18 @@ def interpreted_triton(monkeypatch):
     module = importlib.import_module("seqzoo.kernels.qrnn_pool_triton")
     monkeypatch.setattr(module, "_CHUNK", 4)
     monkeypatch.setattr(module, "_BLOCK", 16)
+    try:  # a loop bound loaded from memory, as the kernels have
+        module.qrnn_pool_triton(torch.zeros(1, 1, 1, 1), torch.tensor([1]), pooling="f")
+    except Exception as error:
+        if "only 0-dimensional arrays can be converted" not in str(error):
+            raise
+        import numpy
+        import triton
+
+        pytest.skip(
+            f"Triton {triton.__version__}'s interpreter keeps scalars as 1-element arrays, which NumPy "
+            f"{numpy.__version__} no longer converts to int (a loop bound); Triton 3.9 runs these tests"
+        )
     yield module.qrnn_pool_triton
     sys.modules.pop("seqzoo.kernels.qrnn_pool_triton", None)
 
