@@ -115,15 +115,20 @@ def _trained_runs(run_dir: str) -> list[Path]:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from seqzoo.runner import format_summary, load_task, summarize
+    """One JSON line per sub-run, then mean ± std per run: a folder holding several runs (e.g.
+    ``runs/``) gets one summary for each, headed by its path, not one over unrelated models."""
+    from seqzoo.runner import format_summary, load_task, run_root, summarize
 
-    runs = _trained_runs(args.run_dir)
-    results = {}
-    for sub in runs:
+    runs: dict[Path, dict[str, dict[str, float]]] = {}
+    for sub in _trained_runs(args.run_dir):
         metrics = load_task(sub, data_paths=args.set).evaluate(args.split)
-        results[str(sub.relative_to(args.run_dir))] = {f"{args.split}_{k}": v for k, v in metrics.items()}
+        root = run_root(sub)
+        name = str(sub.relative_to(root)) if sub != root else "."
+        runs.setdefault(root, {})[name] = {f"{args.split}_{k}": v for k, v in metrics.items()}
         print(json.dumps({"run": str(sub), "split": args.split, **metrics}))
-    print("\n".join(format_summary(summarize(results))))
+    for root, results in runs.items():
+        lines = format_summary(summarize(results))
+        print("\n".join([f"{root}:", *(f"  {line}" for line in lines)] if len(runs) > 1 else lines))
     return 0
 
 

@@ -7,6 +7,7 @@ import dataclasses
 import importlib
 import json
 import logging
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from seqzoo.data.errors import DataError
 from seqzoo.data.io import atomic_write_text, read_json, read_text, write_json
 from seqzoo.training import Trainer, mean_std, set_seed, set_threads, stop_reason
 
-__all__ = ["completed_test_record", "find_runs", "load_task", "per_seed", "run", "summarize"]
+__all__ = ["completed_test_record", "find_runs", "load_task", "per_seed", "run", "run_root", "summarize"]
 
 log = logging.getLogger("seqzoo")
 
@@ -151,6 +152,16 @@ def find_runs(run_dir: str | Path) -> list[Path]:
         | {p.parent for p in run_dir.rglob("best.old") if resolve_checkpoint(p.with_name("best"))}
     )
     return found
+
+
+def run_root(sub_run: Path) -> Path:
+    """The run directory ``sub_run`` belongs to: ``sub_run`` without its ``fold-K`` and ``seed-N``
+    parts (the layout :func:`run` writes), so that runs found below one folder are told apart."""
+    if re.fullmatch(r"fold-\d+", sub_run.name):
+        sub_run = sub_run.parent
+    if re.fullmatch(r"seed-\d+", sub_run.name):
+        sub_run = sub_run.parent
+    return sub_run
 
 
 def load_task(sub_run: str | Path, with_data: bool = True, data_paths: Sequence[str] = ()) -> Any:

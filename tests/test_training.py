@@ -40,6 +40,26 @@ def _config_yaml(data_dir: Path, tmp_path: Path, **extra: str) -> Path:
     return path
 
 
+def test_evaluate_summarises_each_run_below_a_folder_apart(toy_corpus, tmp_path, capsys):
+    """A folder of runs (one of two seeds) gets one summary per run, not one mean over them all."""
+    config = _config_yaml(toy_corpus, tmp_path)
+    parent = tmp_path / "runs"
+    short = ["--set", "train.epochs=1"]
+    assert main(["train", str(config), "--run-dir", str(parent / "a"), *short]) == 0
+    assert main(["train", str(config), "--run-dir", str(parent / "b"), *short, "--set", "train.seeds=[1,2]"]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(parent)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    evaluated = {json.loads(line)["run"]: json.loads(line)["accuracy"] for line in lines if line.startswith("{")}
+    assert sorted(evaluated) == [str(parent / "a"), str(parent / "b" / "seed-1"), str(parent / "b" / "seed-2")]
+    b = [evaluated[str(parent / "b" / f"seed-{seed}")] for seed in (1, 2)]
+    summaries = [line for line in lines if not line.startswith("{")]
+    assert summaries[0] == f"{parent / 'a'}:"
+    assert summaries[1] == f"  test_accuracy: {100 * evaluated[str(parent / 'a')]:.2f}% (n=1)"
+    assert summaries[3] == f"{parent / 'b'}:"
+    assert summaries[4].startswith(f"  test_accuracy: {50 * sum(b):.2f}% ± ") and summaries[4].endswith("(n=2)")
+
+
 def test_train_evaluate_predict_cli(toy_corpus, tmp_path, capsys, monkeypatch):
     config = _config_yaml(toy_corpus, tmp_path)
     assert main(["train", str(config), "--run-dir", str(tmp_path / "r"), "--set", "train.epochs=4"]) == 0
