@@ -254,13 +254,19 @@ def _check_value(value: Any, hint: Any, key: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        names = [k for k in value if not isinstance(k, args[0])] if args else []
+        if names:
+            raise ConfigError(f"{key}: keys must be {args[0].__name__}s, got {names[0]!r}")
         return dict(value)
     if dataclasses.is_dataclass(hint):
         return _build(hint, value, key)
     if hint is str and isinstance(value, str):
         return os.path.expandvars(value)  # paths may name $SEQZOO_DATA etc.
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:
+            raise ConfigError(f"{key}: {value} is too large for a float") from None
     if hint is float and isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
         try:
             return float(value)
@@ -410,6 +416,9 @@ def _refuse_inert(config: RunConfig, given: dict[str, str]) -> None:
         raise ConfigError(f"{'; '.join(found)}: remove {'it' if len(found) == 1 else 'them'}")
 
 
+_ENCODER_ARG = "model.encoder_args."
+
+
 def load_config(
     path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), *, resolved: bool = False
 ) -> RunConfig:
@@ -433,17 +442,25 @@ def load_config(
             raise ConfigError(f"{path}: the top level must be a mapping")
         values = loaded or {}
     file_keys = {} if resolved else {key: key for key in _given_keys(values)}
-    file_values = copy.deepcopy(values)
+    try:  # the file's keys must act in the file's own config (an override may switch one off:
+        # --set train.seeds=[1,2] over a file's seed: 1); the overrides', in the result
+        config = config_from_dict(copy.deepcopy(values))
+        _refuse_inert(config, file_keys)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}" if path else str(err)) from None
+    if not overrides:
+        return config
+    keys = [a.split("=", 1)[0].strip() for a in overrides]
+    model = values.setdefault("model", {})
+    if isinstance(model, dict) and "encoder_args" not in model and any(k.startswith(_ENCODER_ARG) for k in keys):
+        model["encoder_args"] = config.model.encoder_args  # --set model.encoder_args.K=V edits the default
     for assignment in overrides:
         apply_override(values, assignment)
     try:
         config = config_from_dict(values)
-        # The file's keys must act in the file's own config (an override may switch one off:
-        # --set train.seeds=[1,2] over a file's seed: 1); the overrides', in the result.
-        _refuse_inert(config_from_dict(file_values) if overrides else config, file_keys)
-        _refuse_inert(config, {key: f"--set {key}" for key in (a.split("=", 1)[0].strip() for a in overrides)})
     except ConfigError as err:
-        raise ConfigError(f"{path}: {err}" if path else str(err)) from None
+        raise ConfigError(f"--set {' '.join(overrides)}: {err}") from None
+    _refuse_inert(config, {key: f"--set {key}" for key in keys})  # (its message names the --set)
     return config
 
 

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from seqzoo.config import ClassificationDataConfig, ConfigError, LMDataConfig, config_to_dict, inert_keys, load_config
@@ -138,8 +140,39 @@ def test_keys_without_effect_are_named_each_from_the_file_or_the_command_line(tm
         "effect (a language model batches by data.batch_size): remove them"
     )
     path.write_text("task: lm\nmodel: {dropout: 0.2}\n")
-    with pytest.raises(ConfigError, match=r"c\.yaml: --set optim\.momentum would have no effect \(optimizer adam"):
+    with pytest.raises(ConfigError, match=r"^--set optim\.momentum would have no effect \(optimizer adam"):
         load_config(path, ["optim.momentum=0.5"])
+
+
+def test_an_overrides_error_names_the_overrides_not_the_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train: {epochs: 2}\n")
+    with pytest.raises(ConfigError, match=r"^--set train\.epoch=3: unknown key train\.epoch \(valid: "):
+        load_config(path, ["train.epoch=3"])
+    path.write_text("train: {epoch: 2}\n")  # the file's own error names the file, overrides or not
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: unknown key train\.epoch"):
+        load_config(path, ["train.epochs=3"])
+
+
+def test_odd_values_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match=r"optim\.lr: 9{400} is too large for a float"):
+        load_config(None, ["optim.lr=" + "9" * 400])
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  encoder_args: {1: 2}\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml: model\.encoder_args: keys must be strs, got 1"):
+        load_config(path)
+
+
+def test_an_encoder_argument_override_edits_the_default_arguments(tmp_path):
+    """--set model.encoder_args.K=V over a config without encoder_args keeps the other defaults."""
+    default = load_config(None).model.encoder_args
+    assert load_config(None, ["model.encoder_args.hidden_size=64"]).model.encoder_args == {**default, "hidden_size": 64}
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {encoder_args: {hidden_size: 8}}\n")  # the file's mapping is the one edited
+    assert load_config(path, ["model.encoder_args.num_layers=2"]).model.encoder_args == {
+        "hidden_size": 8,
+        "num_layers": 2,
+    }
 
 
 def test_an_override_may_switch_off_a_key_of_the_file(tmp_path):
