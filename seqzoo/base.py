@@ -26,7 +26,7 @@ import inspect
 import numbers
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -46,12 +46,14 @@ __all__ = [
     "check_mask",
     "check_padding_mask",
     "check_rate",
+    "check_state_dtype",
     "describe_state",
     "detach_state",
     "lengths_from_mask",
     "register_encoder",
     "reverse_padded",
     "takes_all_real_shortcut",
+    "zero_padding",
 ]
 
 
@@ -121,6 +123,8 @@ def check_mask(x: Tensor, mask: Tensor | None) -> Tensor:
         raise ValueError(f"input is empty: shape {tuple(x.shape)}")
     if mask is None:
         return torch.ones(batch, time, dtype=torch.bool, device=x.device)
+    if isinstance(mask, Tensor) and mask.device != x.device:
+        raise ValueError(f"mask is on {mask.device} but the input on {x.device}: move it (mask.to(x.device))")
     return check_padding_mask(mask, (batch, time))
 
 
@@ -129,6 +133,14 @@ def takes_all_real_shortcut(mask: Tensor) -> bool:
     ``torch.jit.trace`` nor ``torch.compile`` is recording (a trace or a graph must hold the general
     path, right for every mask; reading the mask's values would break a compiled graph in two)."""
     return not (torch.jit.is_tracing() or torch.compiler.is_compiling()) and bool(mask.all())
+
+
+def zero_padding(x: Tensor, mask: Tensor) -> Tensor:
+    """``x`` (B, T, D) with 0 at its pad positions (``mask`` False). A pad may hold anything, NaN or
+    inf included, which a product with the mask would keep (0 × NaN is NaN): in the outputs of a
+    window or an attention that reads pads, and in the weights' gradients (Xᵀ·dG sums over every
+    position). ``x`` itself when every position is real (:func:`takes_all_real_shortcut`)."""
+    return x if takes_all_real_shortcut(mask) else x.masked_fill(~mask.unsqueeze(-1), 0.0)
 
 
 def check_padding_mask(mask: Tensor, shape: tuple[int, int]) -> Tensor:
@@ -195,6 +207,16 @@ def describe_state(state: object) -> str:
     if isinstance(state, list):
         return "[" + ", ".join(describe_state(s) for s in state) + "]"
     return type(state).__name__
+
+
+def check_state_dtype(tensors: Iterable[Tensor | None], weight: Tensor, device_type: str) -> None:
+    """A carried state's tensors must be in the encoder's weight dtype, else a TypeError naming
+    both; under autocast, where an encoder may return its state in the lower precision, any."""
+    if torch.is_autocast_enabled(device_type):
+        return
+    for tensor in tensors:
+        if tensor is not None and tensor.dtype != weight.dtype:
+            raise TypeError(f"state is {tensor.dtype} but the encoder's weights are {weight.dtype}")
 
 
 def detach_state(state: State) -> State:

@@ -28,11 +28,13 @@ from seqzoo.base import (
     State,
     check_layer_dropout,
     check_rate,
+    check_state_dtype,
     describe_state,
     lengths_from_mask,
     register_encoder,
     reverse_padded,
     takes_all_real_shortcut,
+    zero_padding,
 )
 
 __all__ = ["GRU", "LSTM", "TransformerEncoder", "sinusoidal_positions"]
@@ -69,13 +71,14 @@ class _TorchRNN(Encoder):
     def forward(self, x: Tensor, mask: Tensor | None = None, state: State = None) -> tuple[Tensor, State]:
         mask = self.check_input(x, mask)
         state = tuple(state) if isinstance(state, list) else state  # [h, c] as the other encoders take it
-        self._check_state(state, x.shape[0])
+        self._check_state(state, x)
         if takes_all_real_shortcut(mask):
             return self.rnn(x, state)
         lengths = lengths_from_mask(mask)
+        x = zero_padding(x, mask)  # the unpacked run and an empty row's one packed step read pads
         tracing = torch.jit.is_tracing()  # a trace records the packed path, which serves every mask
-        if not tracing and self._run_unpacked(x, lengths, state):  # pads are zeroed: NaN * 0 would stay NaN
-            out, final = self._unpacked(x.masked_fill(~mask.unsqueeze(-1), 0.0), lengths, state)
+        if not tracing and self._run_unpacked(x, lengths, state):
+            out, final = self._unpacked(x, lengths, state)
         else:  # rows without any real token are run for one (zeroed) step, then restored below
             packed = pack_padded_sequence(x, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False)
             out, final = self.rnn(packed, state)
@@ -86,12 +89,12 @@ class _TorchRNN(Encoder):
             final = _keep_initial(final, state, empty)
         return out, final
 
-    def _check_state(self, state: State, batch: int) -> None:
+    def _check_state(self, state: State, x: Tensor) -> None:
         """A carried state must be this batch's and this stack's: h (GRU) or (h, c) (LSTM), each
-        (num_layers * directions, B, hidden_size)."""
+        (num_layers * directions, B, hidden_size), in the weights' dtype."""
         if state is None:
             return
-        shape = (self.num_layers * (2 if self.bidirectional else 1), batch, self.hidden_size)
+        shape = (self.num_layers * (2 if self.bidirectional else 1), x.shape[0], self.hidden_size)
         lstm = isinstance(self.rnn, nn.LSTM)
         if lstm:
             parts = state if isinstance(state, tuple) and len(state) == 2 else None
@@ -100,6 +103,7 @@ class _TorchRNN(Encoder):
         if parts is None or not all(isinstance(t, Tensor) and tuple(t.shape) == shape for t in parts):
             expected = f"(h, c), each of shape {shape}" if lstm else f"a tensor of shape {shape}"
             raise ValueError(f"state must be {expected}, got {describe_state(state)}")
+        check_state_dtype(parts, self.rnn.weight_ih_l0, x.device.type)
 
     def _run_unpacked(self, x: Tensor, lengths: Tensor, state: State) -> bool:
         """Whether a padded batch runs unpacked: on CPU, when autograd will run backward through the
@@ -256,6 +260,8 @@ class TransformerEncoder(Encoder):
             )
         super().__init__(input_size, hidden_size)
         check_rate("dropout", dropout)
+        if dim_feedforward is not None and dim_feedforward < 1:
+            raise ValueError(f"dim_feedforward must be >= 1 (None: 4 * hidden_size), got {dim_feedforward}")
         if num_layers < 1 or nhead < 1 or hidden_size % nhead:
             raise ValueError(
                 f"need num_layers >= 1 and nhead dividing hidden_size {hidden_size}, got {num_layers} and {nhead}"
@@ -265,7 +271,7 @@ class TransformerEncoder(Encoder):
         layer = nn.TransformerEncoderLayer(
             hidden_size,
             nhead,
-            dim_feedforward or 4 * hidden_size,
+            4 * hidden_size if dim_feedforward is None else dim_feedforward,
             dropout,
             batch_first=True,
             norm_first=norm_first,
@@ -278,7 +284,7 @@ class TransformerEncoder(Encoder):
             raise ValueError("TransformerEncoder is not stateful; pass state=None")
         mask = self.check_input(x, mask)
         time = x.shape[1]
-        h = self.proj(x) * math.sqrt(self.hidden_size)
+        h = self.proj(zero_padding(x, mask)) * math.sqrt(self.hidden_size)  # attention reads pads at weight 0
         h = h + sinusoidal_positions(time, self.hidden_size, x.device).to(h.dtype)
         attn_mask = None
         if self.causal:

@@ -555,6 +555,8 @@ class MZU(RecurrentCellEncoder):
                 gcn_activation=gcn_activation,
             )
 
+        if not math.isfinite(disagreement):
+            raise ValueError(f"disagreement (λ) must be a finite number, got {disagreement}")
         super().__init__(input_size, hidden_size, make_cell, num_layers, bidirectional, compile_step)
         self.disagreement = float(disagreement)
 

@@ -24,7 +24,17 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from seqzoo.base import Encoder, State, check_layer_dropout, check_rate, lengths_from_mask, register_encoder
+from seqzoo.base import (
+    Encoder,
+    State,
+    check_layer_dropout,
+    check_rate,
+    check_state_dtype,
+    describe_state,
+    lengths_from_mask,
+    register_encoder,
+    zero_padding,
+)
 from seqzoo.kernels import POOLINGS, qrnn_layer
 
 __all__ = ["QRNN", "QRNNLayer"]
@@ -109,7 +119,7 @@ class QRNNLayer(nn.Module):
         ahead = k - 1 if self.causal else k // 2
         real = torch.arange(time, device=x.device) < lengths.unsqueeze(1)
         zeros = [x.new_zeros(batch, size, self.input_size) for size in (k - 1 - ahead, ahead)]
-        return torch.cat([zeros[0], x * real.unsqueeze(-1), zeros[1]], 1)
+        return torch.cat([zeros[0], x.masked_fill(~real.unsqueeze(-1), 0.0), zeros[1]], 1)
 
     def extra_repr(self) -> str:
         return (
@@ -169,10 +179,10 @@ class QRNN(Encoder):
         if state is not None and not self.stateful:
             raise ValueError("a bidirectional or non-causal QRNN is not stateful; pass state=None")
         if state is not None:
-            self._check_state(state, x.shape[0])
+            self._check_state(state, x)
         lengths = lengths_from_mask(mask)
         states = state if state is not None else [(None, None)] * self.num_layers
-        inputs, finals = x, []  # inputs: (B, T, n_l)
+        inputs, finals = zero_padding(x, mask), []  # inputs: (B, T, n_l), zero at pads
         for i, (directions, (c0, x_tail)) in enumerate(zip(self.layers, states, strict=True)):
             h, c, tail = directions[0](inputs, lengths, c0, x_tail)  # (B, T, H), (B, H), (B, k-1, n_l)
             if self.bidirectional:
@@ -184,12 +194,22 @@ class QRNN(Encoder):
                 inputs = torch.cat([inputs, h], -1) if self.dense else h
         return h, tuple(finals)
 
-    def _check_state(self, state: State, batch: int) -> None:
-        """``state`` must be what :meth:`forward` returns: per layer, c (B, H) and x_tail (B, k - 1, n_l)."""
+    def _check_state(self, state: State, x: Tensor) -> None:
+        """``state`` must be what :meth:`forward` returns: per layer, c (B, H) and x_tail (B, k - 1, n_l)
+        (either may be None), in the weights' dtype."""
+        batch = x.shape[0]
         expected = [((batch, self.hidden_size), (batch, d[0].window - 1, d[0].input_size)) for d in self.layers]
-        got = [tuple(None if t is None else tuple(t.shape) for t in pair) for pair in state]
-        if len(got) != len(expected) or any(
-            len(g) != 2 or any(s is not None and s != e for s, e in zip(g, shapes, strict=True))
-            for g, shapes in zip(got, expected, strict=False)
-        ):
-            raise ValueError(f"state must hold per layer (c, x_tail) of shapes {expected}, got {got}")
+
+        def fits(pair: object, shapes: tuple[tuple[int, ...], ...]) -> bool:
+            return (
+                isinstance(pair, (tuple, list))
+                and len(pair) == 2
+                and all(
+                    t is None or (isinstance(t, Tensor) and tuple(t.shape) == e)
+                    for t, e in zip(pair, shapes, strict=True)
+                )
+            )
+
+        if not isinstance(state, (tuple, list)) or len(state) != len(expected) or not all(map(fits, state, expected)):
+            raise ValueError(f"state must hold per layer (c, x_tail) of shapes {expected}, got {describe_state(state)}")
+        check_state_dtype([t for pair in state for t in pair], self.layers[0][0].linear.weight, x.device.type)

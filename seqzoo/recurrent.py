@@ -46,7 +46,15 @@ import torch
 from torch import Tensor, nn
 
 from seqzoo._warn import warn_user
-from seqzoo.base import Encoder, State, describe_state, lengths_from_mask, reverse_padded, takes_all_real_shortcut
+from seqzoo.base import (
+    Encoder,
+    State,
+    describe_state,
+    lengths_from_mask,
+    reverse_padded,
+    takes_all_real_shortcut,
+    zero_padding,
+)
 
 __all__ = ["RecurrentCell", "RecurrentCellEncoder", "StepFn", "compile_failure", "compiled_step"]
 
@@ -145,7 +153,7 @@ class RecurrentCellEncoder(Encoder):
         steps = mask.t()  # (T, B)
         full = takes_all_real_shortcut(mask)
         lengths = lengths_from_mask(mask)
-        layer_input = x.transpose(0, 1)  # (T, B, D): every step's slice is contiguous after prepare
+        layer_input = zero_padding(x, mask).transpose(0, 1)  # (T, B, D): every step's slice contiguous after prepare
         finals: list[Tensor] = []
         aux_total: Tensor | None = None
         for layer in range(self.num_layers):

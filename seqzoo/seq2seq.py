@@ -330,12 +330,14 @@ def beam_search(
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    if max_len is not None and max_len < 1:
+        raise ValueError(f"max_len must be >= 1 (None: twice each source's length + 10), got {max_len}")
     was_training = model.training
     model.eval()
     batch, k = src.shape[0], beam_size
     src_lengths = lengths_from_mask(src_mask)
     target_lengths = (src_lengths + 5).tolist()
-    limits = [max_len] * batch if max_len else (2 * src_lengths + 10).tolist()
+    limits = [max_len] * batch if max_len is not None else (2 * src_lengths + 10).tolist()
     closed = [False] * batch  # rows whose limit came first: live hypotheses scored as they stood
     encoded = model.encode(src, src_mask).repeat(k)
     scores = torch.full((batch, k), float("-inf"), device=src.device)

@@ -10,7 +10,13 @@ from torch import Tensor
 
 from seqzoo.base import Encoder, detach_state
 
-__all__ = ["assert_batch_invariant", "assert_contract", "assert_padding_invariant", "assert_stateful_chunks"]
+__all__ = [
+    "assert_batch_invariant",
+    "assert_contract",
+    "assert_padding_gradients",
+    "assert_padding_invariant",
+    "assert_stateful_chunks",
+]
 
 
 def _close(a: Tensor, b: Tensor, atol: float, what: str) -> None:
@@ -42,12 +48,19 @@ def _batch_dim(batched: Tensor, alone: Tensor, batch: int) -> int:
     return dims[0]
 
 
-def assert_padding_invariant(encoder: Encoder, lengths: list[int], atol: float = 1e-5, seed: int = 0) -> None:
-    """Each row of a padded batch gives the outputs (and final state) of that row run alone."""
+def _nan_padded(encoder: Encoder, lengths: list[int], seed: int) -> tuple[Tensor, Tensor]:
+    """Random input (B, T, D) with NaN at every pad position, and its mask (B, T)."""
     gen = torch.Generator().manual_seed(seed)
-    batch, time = len(lengths), max(lengths)
-    x = _randn(encoder, gen, batch, time)
-    mask = (torch.arange(time).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)).to(x.device)
+    x = _randn(encoder, gen, len(lengths), max(lengths))
+    mask = (torch.arange(x.shape[1]).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)).to(x.device)
+    return x.masked_fill(~mask.unsqueeze(-1), float("nan")), mask
+
+
+def assert_padding_invariant(encoder: Encoder, lengths: list[int], atol: float = 1e-5, seed: int = 0) -> None:
+    """Each row of a padded batch gives the outputs (and final state) of that row run alone,
+    whatever its pads hold: they are NaN here."""
+    x, mask = _nan_padded(encoder, lengths, seed)
+    batch, time = x.shape[:2]
     out, state = encoder(x, mask)
     if out.shape != (batch, time, encoder.output_size):
         raise AssertionError(f"output shape {tuple(out.shape)} != {(batch, time, encoder.output_size)}")
@@ -62,6 +75,21 @@ def assert_padding_invariant(encoder: Encoder, lengths: list[int], atol: float =
                 dim = _batch_dim(s_batch, s_alone, batch)
                 s_batch, s_alone = s_batch.select(dim, b), s_alone.select(dim, 0)
             _close(s_batch, s_alone, atol, f"row {b} final state")
+
+
+def assert_padding_gradients(encoder: Encoder, lengths: list[int], seed: int = 0) -> None:
+    """Backward from the real outputs of a padded batch whose pads are NaN: every parameter's
+    gradient is finite and the input's gradient is zero at the pads."""
+    x, mask = _nan_padded(encoder, lengths, seed)
+    x.requires_grad_(True)
+    encoder.zero_grad(set_to_none=True)
+    out, _ = encoder(x, mask)
+    out[mask].sum().backward()
+    bad = [name for name, p in encoder.named_parameters() if p.grad is not None and not p.grad.isfinite().all()]
+    if bad:
+        raise AssertionError(f"non-finite gradients of {bad} from a batch with NaN pads")
+    _close(x.grad[~mask], torch.zeros_like(x.grad[~mask]), 0.0, "input gradient at pad positions must be zero")
+    encoder.zero_grad(set_to_none=True)
 
 
 def assert_batch_invariant(encoder: Encoder, atol: float = 1e-5, seed: int = 0) -> None:
@@ -106,6 +134,7 @@ def assert_contract(encoder: Encoder, atol: float = 1e-5) -> None:
             assert_batch_invariant(encoder, atol)
             if encoder.causal and encoder.stateful:
                 assert_stateful_chunks(encoder, atol=atol)
+        assert_padding_gradients(encoder, [7, 3, 1, 5, 0])
     finally:
         encoder.train(was_training)
 

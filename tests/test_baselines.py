@@ -192,6 +192,8 @@ def test_mask_validation_messages():
         enc(x, [[True] * 4] * 2)
     with pytest.raises(ValueError, match="right-padded"):
         enc(x, torch.tensor([[False, True, True, True]] * 2))
+    with pytest.raises(ValueError, match=r"mask is on meta but the input on cpu: move it \(mask.to\(x.device\)\)"):
+        enc(x, torch.ones(2, 4, dtype=torch.bool, device="meta"))  # (as a CPU mask with CUDA input)
     with pytest.raises(ValueError, match="unknown encoder"):
         build_encoder("nope", 3, hidden_size=2)
 
@@ -221,6 +223,13 @@ def test_input_of_the_wrong_size_or_empty_is_refused(name):
             build_encoder(name, 6, hidden_size=4, dropout=rate, **ALL_ENCODERS[name])
 
 
+def _to_double(state):
+    """A (nested) state with every tensor in float64."""
+    if isinstance(state, torch.Tensor):
+        return state.double()
+    return type(state)(_to_double(s) for s in state)
+
+
 @pytest.mark.parametrize("name", ALL_ENCODERS)
 def test_input_of_another_dtype_than_the_weights_is_refused(name):
     """One message for every encoder (the LSTM/GRU had torch's RNN message, the others a matmul's),
@@ -233,11 +242,11 @@ def test_input_of_another_dtype_than_the_weights_is_refused(name):
     with pytest.raises(TypeError, match=re.escape(f"{cls} input must be floating point (embed token ids first)")):
         enc(torch.randint(0, 5, (2, 5, 6)))
     _, state = enc(torch.randn(2, 5, 6))
-    if name in ("mzu", "dtgru", "gru_ln"):  # seqzoo's time loop; torch's RNNs check their own states
+    if state is not None:  # the LSTM/GRU and QRNN once failed inside torch ("get_mkldnn_dtype", "mat1 and mat2")
         with pytest.raises(
             TypeError, match=re.escape("state is torch.float64 but the encoder's weights are torch.float32")
         ):
-            enc(torch.randn(2, 5, 6), None, state.double())
+            enc(torch.randn(2, 5, 6), None, _to_double(state))
     assert enc.double()(torch.randn(2, 5, 6, dtype=torch.float64))[0].dtype == torch.float64
 
 
@@ -366,6 +375,8 @@ def test_transformer_sizes_are_checked():
     for kwargs in ({"nhead": 3}, {"num_layers": 0}):
         with pytest.raises(ValueError, match=r"need num_layers >= 1 and nhead dividing hidden_size 8"):
             build_encoder("transformer", 6, hidden_size=8, **kwargs)
+    with pytest.raises(ValueError, match=r"dim_feedforward must be >= 1 \(None: 4 \* hidden_size\), got 0"):
+        build_encoder("transformer", 6, hidden_size=8, nhead=2, dim_feedforward=0)  # 0 once meant 4 * hidden_size
 
 
 def test_transformer_takes_bidirectional_false_and_runs_in_bfloat16():

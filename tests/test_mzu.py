@@ -131,6 +131,9 @@ def test_invalid_configurations():
     for size in (0, -3):  # 0 used to mean hidden_size silently
         with pytest.raises(ValueError, match=rf"filter_size must be >= 1 \(None: hidden_size\), got {size}"):
             MZU(3, 8, filter_size=size)
+    for lam in (float("nan"), float("inf")):  # would make the auxiliary loss, and so training, NaN
+        with pytest.raises(ValueError, match=r"disagreement \(λ\) must be a finite number"):
+            MZU(3, 8, disagreement=lam)
 
 
 def test_ablations_replace_the_m_functions():

@@ -98,7 +98,7 @@ def test_state_of_another_batch_or_layout_is_refused():
     _, state = encoder(x)
     encoder(x, state=state)  # the state it returned fits
     other_batch = tuple((c[:1], tail[:1]) for c, tail in state)
-    for bad in (state[:1], other_batch, ((*state[0], None), state[1])):
+    for bad in (state[:1], other_batch, ((*state[0], None), state[1]), 0, state[0][0], (state[0], 0)):
         with pytest.raises(ValueError, match="state must hold"):
             encoder(x, state=bad)
 

@@ -210,6 +210,15 @@ def test_beam_of_one_is_greedy(seed, kind):
     assert beam_search(model, src, src_mask, BOS, EOS, beam_size=1, max_len=12) == [_greedy(model, src, src_mask, 12)]
 
 
+def test_beam_search_max_len_is_the_limit_and_must_be_positive():
+    model = _model(1, "qrnn")
+    src, src_mask = pad_batch([[4, 5, 6, 7]])
+    assert all(len(out) <= 1 for out in beam_search(model, src, src_mask, BOS, EOS, beam_size=2, max_len=1))
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="max_len must be >= 1"):
+            beam_search(model, src, src_mask, BOS, EOS, max_len=bad)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_row_decodes_alike_alone_and_in_any_batch(kind):
     """Each row's step limit is its own (twice its source + 10), not that of the batch's longest source."""
