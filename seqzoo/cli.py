@@ -21,7 +21,16 @@ DEFAULT_CONFIG = Path(__file__).with_name("configs") / "default.yaml"
 #: What a resumed run keeps once it has trained: its checkpoints depend on these (a resume may
 #: change the rest: the epoch and step budgets, patience, the optimiser's schedule, threads,
 #: logging). Data paths may move (:data:`DATA_PATHS`); seeds may only be added (:func:`_seed_list`).
-FIXED_ON_RESUME = ("task", "data", "model", "train.batch_size")
+#: Keys a ``--resume --set`` may not change: what the checkpoints were trained with, and the
+#: optimiser's own settings, which its restored state would silently keep (or, for another
+#: optimiser, fail to load).
+FIXED_ON_RESUME = (
+    "task",
+    "data",
+    "model",
+    "train.batch_size",
+    *(f"optim.{key}" for key in ("optimizer", "lr", "weight_decay", "momentum", "alpha", "eps")),
+)
 
 
 def _new_run_dir(output_dir: str, name: str) -> Path:
@@ -89,14 +98,17 @@ def _refuse_changes_on_resume(stored: RunConfig, config: RunConfig, path: Path) 
     data paths apart), nor the seeds, except by adding seeds to a multi-seed run (the layout of its
     directory: one sub-directory per seed)."""
     old, new = _flat(config_to_dict(stored)), _flat(config_to_dict(config))
+    changed = []
     for key in sorted(old.keys() | new.keys()):
         fixed = any(key == name or key.startswith(name + ".") for name in FIXED_ON_RESUME)
         moved = key in DATA_PATHS and isinstance(old.get(key), str) and isinstance(new.get(key), str)
         if fixed and not moved and old.get(key) != new.get(key):
-            raise ConfigError(
-                f"{path}: --resume cannot change {key} ({old.get(key)!r} -> {new.get(key)!r}); the run's "
-                "checkpoints were trained with it: start a new run instead"
-            )
+            changed.append(f"{key} ({old.get(key)!r} -> {new.get(key)!r})")
+    if changed:
+        raise ConfigError(
+            f"{path}: --resume cannot change {', '.join(changed)}; the run's checkpoints were trained with "
+            f"{'it' if len(changed) == 1 else 'them'}: start a new run instead"
+        )
     seeds, more = _seed_list(stored), _seed_list(config)
     if more != seeds and not (len(seeds) > 1 and more[: len(seeds)] == seeds):
         raise ConfigError(

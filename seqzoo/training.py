@@ -26,6 +26,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import random
 import sys
 import time
@@ -269,6 +270,9 @@ class Trainer:
         self.state["metrics_bytes"] = self.metrics_path.stat().st_size
 
     def _save_last(self) -> None:
+        if self.metrics_path.exists():  # the size the checkpoint records must be on disk before it
+            with open(self.metrics_path, "rb") as handle:
+                os.fsync(handle.fileno())
         optim_skeleton, optim_tensors = split_tensors(self.optimizer.state_dict())
         extra_skeleton, extra_tensors = split_tensors(getattr(self.task, "extra_state", dict)())
         rng = {"torch": torch.get_rng_state()}
@@ -326,8 +330,17 @@ class Trainer:
         self.state = doc["loop"]
         # Drop metric records written after this checkpoint (the run died before saving again).
         if self.metrics_path.exists():
+            keep = self.state["metrics_bytes"]
+            if self.metrics_path.stat().st_size < keep:  # truncate() would pad it with NUL bytes
+                keep = self.metrics_path.read_bytes().rfind(b"\n") + 1  # up to its last whole record
+                log.warning(
+                    "%s is shorter than its checkpoint recorded (%d bytes): records were lost; kept the first %d bytes",
+                    self.metrics_path,
+                    self.state["metrics_bytes"],
+                    keep,
+                )
             with open(self.metrics_path, "r+b") as handle:
-                handle.truncate(self.state["metrics_bytes"])
+                handle.truncate(keep)
         return True
 
     def _save_best(self) -> None:

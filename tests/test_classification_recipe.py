@@ -8,27 +8,45 @@ import pytest
 from conftest import metric_records, write_sentiment_corpus
 
 from seqzoo.cli import main
-from seqzoo.config import config_from_dict
+from seqzoo.config import RunConfig, config_from_dict
 from seqzoo.data.errors import DataError
 from seqzoo.runner import load_task, run
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-def _kfold_run(tmp_path: Path) -> Path:
-    """A 2-fold run on a corpus with train and dev but no test split (one epoch, tiny model)."""
+def _kfold_config(tmp_path: Path) -> RunConfig:
+    """A 2-fold run on a corpus with train and dev but no test split (one epoch, tiny model, dropout)."""
     data_dir = write_sentiment_corpus(tmp_path / "data", sizes=(40, 10, 1))
     (data_dir / "toy.test").unlink()
-    config = config_from_dict(
+    return config_from_dict(
         {
             "name": "toy",
             "data": {"name": "toy", "data_dir": str(data_dir), "embedding_dim": 8, "min_freq": 1, "folds": 2},
-            "model": {"encoder": "gru", "encoder_args": {"hidden_size": 8}},
+            "model": {"encoder": "gru", "encoder_args": {"hidden_size": 8}, "dropout": 0.5},
             "train": {"epochs": 1, "batch_size": 8, "patience": None, "seed": 3, "progress": False},
         }
     )
-    run(config, tmp_path / "kf")
+
+
+def _kfold_run(tmp_path: Path) -> Path:
+    run(_kfold_config(tmp_path), tmp_path / "kf")
     return tmp_path / "kf"
+
+
+def test_a_resume_that_skips_finished_folds_trains_the_next_as_an_uninterrupted_run(tmp_path):
+    """Interrupted in fold 2 before its first checkpoint: fold 2's draws must not depend on fold 1
+    having trained in the same process (they did: one seed for all the folds in turn)."""
+    run_dir = _kfold_run(tmp_path)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(run_dir, resumed)
+    shutil.rmtree(resumed / "fold-2")
+    (resumed / "summary.json").unlink()
+    run(_kfold_config(tmp_path), resumed, resume=True)
+    for fold in ("fold-1", "fold-2"):
+        whole, again = metric_records(run_dir / fold), metric_records(resumed / fold)
+        assert [r.get("train_loss") for r in again] == [r.get("train_loss") for r in whole]
+        assert _test_record(resumed / fold)["test_loss"] == _test_record(run_dir / fold)["test_loss"]
 
 
 def _test_record(sub_run: Path) -> dict:

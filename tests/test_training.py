@@ -326,6 +326,10 @@ def test_resume_refuses_changes_to_what_the_checkpoints_were_trained_with(toy_co
     capsys.readouterr()
     assert main(["train", "--resume", str(run_dir), "--set", "model.encoder_args.hidden_size=32"]) == 2
     assert "--resume cannot change model.encoder_args.hidden_size (12 -> 32)" in capsys.readouterr().err
+    # the optimiser's settings live in its restored state: they were kept silently, or (another optimiser) crashed
+    for key, value in (("optim.lr", "0.5"), ("optim.weight_decay", "0.1"), ("optim.optimizer", "sgd")):
+        assert main(["train", "--resume", str(run_dir), "--set", "train.epochs=2", "--set", f"{key}={value}"]) == 2
+        assert f"{key} (" in capsys.readouterr().err.split("--resume cannot change ")[1]
     assert (run_dir / "config.yaml").read_text() == stored  # the run can still be resumed as it was
     assert main(["train", config, "--run-dir", str(run_dir)]) == 2  # a new run may not mix into it
     assert "holds a trained run" in capsys.readouterr().err
@@ -429,6 +433,21 @@ def test_resume_with_early_stopping_relaxed_trains_on(toy_corpus, tmp_path, monk
     assert main(["train", config, "--run-dir", str(clean)]) == 0
     assert [r["event"] for r in metric_records(stopped)] == ["epoch"] * 3 + ["test"]
     assert metric_records(stopped) == metric_records(clean)
+
+
+def test_resume_after_losing_the_tail_of_metrics_keeps_whole_records_and_pads_nothing(toy_corpus, tmp_path, caplog):
+    """metrics.jsonl shorter than the checkpoint recorded (its tail lost in a crash): truncate() padded
+    it with NUL bytes up to the recorded size, and every later read of the run failed."""
+    config = str(_config_yaml(toy_corpus, tmp_path))
+    run_dir = tmp_path / "r"
+    assert main(["train", config, "--run-dir", str(run_dir), "--set", "train.epochs=2"]) == 0
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:-2]) + lines[-2][:20])  # the test record and half the last epoch's are lost
+    assert main(["train", "--resume", str(run_dir), "--set", "train.epochs=3"]) == 0
+    assert "is shorter than its checkpoint recorded" in caplog.text
+    assert b"\0" not in path.read_bytes()
+    assert [r["event"] for r in metric_records(run_dir)] == ["epoch", "epoch", "test"]  # epoch 2's record is gone
 
 
 def test_resume_rejects_loop_state_of_another_version(toy_corpus, tmp_path):
