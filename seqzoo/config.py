@@ -178,6 +178,8 @@ class OptimConfig:
     def __post_init__(self) -> None:
         _require(self, positive=("lr", "eps", "clip_norm", "decay"), rate=("momentum", "alpha"))
         _require(self, non_negative=("weight_decay", "decay_start", "min_lr", "warmup_steps"))
+        if self.min_lr > self.lr:  # a decay would raise the rate, a step schedule climb to it
+            raise ConfigError(f"min_lr: the floor of the decays must be <= lr ({self.lr}), got {self.min_lr}")
 
 
 @dataclass

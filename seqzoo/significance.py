@@ -108,7 +108,7 @@ def _test_metrics(run_dir: Path) -> dict[str, list[float]]:
     metrics: dict[str, list[float]] = {}
     for record in per_seed(runs).values():  # one value per seed: the folds of a seed are averaged
         for key, value in record.items():
-            if isinstance(value, (int, float)) and key != "test_tokens":  # a count, not a metric
+            if isinstance(value, (int, float)) and key not in ("test_tokens", "test_examples"):  # counts, not metrics
                 metrics.setdefault(key, []).append(float(value))
     return metrics
 
@@ -120,10 +120,12 @@ def _setting(run_dir: Path) -> dict[str, Any] | None:
         return None
     config = load_config(path, resolved=True)
     data = config.data
+    where = getattr(data, "data_dir", None) or getattr(data, "test", None)  # ABSA: its test file
     return {
         "task": config.task,
-        "data": getattr(data, "name", None) or (Path(data.data_dir).name if data.data_dir else None),
+        "data": getattr(data, "name", None) or (Path(where).name if where else None),
         "level": getattr(data, "level", None),
+        "subset": getattr(data, "subset", None),  # ABSA: all test sentences (ds) or the hard ones (hds)
     }
 
 

@@ -65,6 +65,18 @@ def test_offset_mismatch_names_file_sentence_and_the_aspect_terms_line(tmp_path)
     assert err.value.line == 6  # the <aspectTerm>'s line, not its <sentence>'s (3)
 
 
+def test_a_blank_aspect_term_is_refused_where_it_is_written(tmp_path):
+    """A whitespace-only term passed the reader and crashed training ("sequence 6 of the batch is empty")."""
+    path = tmp_path / "blank.xml"
+    path.write_text(
+        RESTAURANTS.read_text().replace(
+            'term="staff" polarity="negative" from="8" to="13"', 'term=" " polarity="negative" from="7" to="8"'
+        )
+    )
+    with pytest.raises(DataError, match=r"blank\.xml:6: sentence id=3121: aspect term ' ' is blank"):
+        read_semeval2014(path)
+
+
 def test_errors_in_a_sentence_without_id_give_a_line(tmp_path):
     path = tmp_path / "noid.xml"
     lines = [

@@ -47,6 +47,7 @@ def test_bad_values_name_the_key(override, message):
         ("optim.clip_norm=nan", r"optim\.clip_norm: must be finite, got nan"),
         ("optim.warmup_steps=-5", r"optim\.warmup_steps: must be >= 0"),
         ("optim.momentum=1.0", r"optim\.momentum: must be in \[0, 1\)"),
+        ("optim.min_lr=0.01", r"optim\.min_lr: the floor of the decays must be <= lr \(0\.001\), got 0\.01"),
         ("model.dropout=1.0", r"model\.dropout: must be in \[0, 1\)"),
         ("model.mlp_hidden=[64,0]", r"model\.mlp_hidden: must be > 0, got \[64, 0\]"),
         ("train.epochs=0", r"train\.epochs: must be > 0"),

@@ -271,18 +271,27 @@ def test_sample_function_and_cli(corpus, tmp_path, capsys):
     assert text.startswith("the cat ") and sample(task, length=12, prime="the cat", seed=3) == text
     assert main(["sample", str(tmp_path / "r"), "--length", "12", "--prime", "the cat", "--seed", "3"]) == 0
     assert capsys.readouterr().out == text + "\n"
-    with pytest.raises(ValueError, match="temperature"):
-        sample(task, temperature=0)
+    for bad in (0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
+            sample(task, temperature=bad)
     assert main(["sample", str(tmp_path / "r"), "--temperature", "0"]) == 2
     assert main(["sample", str(tmp_path / "r"), "--top-p", "0"]) == 2
     greedy = sample(task, length=12, prime="the cat", seed=3, temperature=1e-4)  # argmax at every step
     assert sample(task, length=12, prime="the cat", seed=5, top_p=1e-6) == greedy
+    assert sample(task, length=12, prime="the cat", seed=5, temperature=1e-40) == greedy  # logits / T overflowed
     assert main(["sample", str(tmp_path / "r"), "--length", "12", "--prime", "the cat", "--top-p", "1e-6"]) == 0
     assert capsys.readouterr().out == greedy + "\n"
     assert main(["sample", str(tmp_path / "r"), "--length", "0", "--prime", "the cat"]) == 0
     assert capsys.readouterr().out == "the cat\n"
     assert main(["predict", str(tmp_path / "r")]) == 2  # a language model has nothing to classify
     assert "serves classification, aspect sentiment and translation runs" in capsys.readouterr().err
+
+
+def test_perplexity_of_a_diverged_model_is_inf_not_an_overflow(corpus, tmp_path):
+    config = make_config(corpus, tmp_path)
+    task = LMTask(config, read_splits(config.data))
+    assert task.metric_from_loss(math.log(80.0)) == pytest.approx(80.0)
+    assert task.metric_from_loss(710.0) == math.inf  # math.exp raised OverflowError and the run died
 
 
 def test_missing_split_file_is_a_clear_error(corpus, tmp_path):

@@ -120,3 +120,27 @@ def test_runs_of_other_tasks_are_refused_and_other_data_is_named(tmp_path, capsy
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the same data elsewhere is the same data
         assert main(["compare", str(a), str(b)]) == 0
+
+
+def test_absa_runs_are_compared_by_their_test_file_and_subset(tmp_path, capsys):
+    """ABSA's data config has no data_dir (compare raised AttributeError); its example count is no metric."""
+    a = _run(tmp_path, "a", [0.80, 0.81], [0.5, 0.5])
+    b = _run(tmp_path, "b", [0.82, 0.83], [0.4, 0.4])
+    for run_dir, subset in ((a, "ds"), (b, "ds")):
+        (run_dir / "config.yaml").write_text(
+            f"task: absa\ndata: {{train: /x/R_Train.xml, test: /x/R_Test.xml, subset: {subset}}}\n"
+        )
+        summary = json.loads((run_dir / "summary.json").read_text())
+        for record in summary["runs"].values():
+            record["test_examples"] = 1120
+        write_json(run_dir / "summary.json", summary)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["compare", str(a), str(b), "--json"]) == 0
+    assert [json.loads(line)["metric"] for line in capsys.readouterr().out.splitlines()] == [
+        "test_accuracy",
+        "test_loss",
+    ]
+    (b / "config.yaml").write_text("task: absa\ndata: {train: /x/R_Train.xml, test: /x/R_Test.xml, subset: hds}\n")
+    with pytest.warns(UserWarning, match="different data \\(subset 'ds' vs 'hds'\\)"):
+        assert main(["compare", str(a), str(b)]) == 0

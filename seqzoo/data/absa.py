@@ -80,6 +80,8 @@ def read_semeval2014(path: PathLike) -> list[AspectExample]:
             if aspect is None or polarity not in POLARITIES:
                 message = f"aspect term {aspect!r}: needs 'term' and a polarity in {POLARITIES}, got {polarity!r}"
                 raise error(message, term)
+            if not aspect.strip():  # no tokens: nothing to average into the aspect's embedding
+                raise error(f"aspect term {aspect!r} is blank", term)
             if not 0 <= start < end <= len(text):  # (negative offsets would slice from the end)
                 raise error(f"aspect term {aspect!r}: needs 0 <= from < to <= {len(text)}, got {start} and {end}", term)
             if text[start:end] != aspect:

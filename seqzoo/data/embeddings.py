@@ -97,14 +97,17 @@ def load_vectors(
                     vectors[word] = [float(v) for v in values.split(" ")]
                 except ValueError as err:
                     raise lines.error(f"non-numeric vector value ({err})") from None
-                if not all(map(math.isfinite, vectors[word])):
-                    raise lines.error(f"non-finite vector value for {word!r}")
+                if not all(math.isfinite(v) and abs(v) <= _FLOAT32_MAX for v in vectors[word]):
+                    raise lines.error(f"non-finite vector value for {word!r} (in float32, as the embedding holds it)")
         file_words = lines.line - (header is not None)
     if dim is None:
         raise DataError("empty file: no vectors", path)
     if header is not None and header[0] != file_words:
         raise DataError(f"header declares {header[0]} vectors, the file has {file_words}", path, 1)
     return _assemble(vocab, vectors, dim, file_words, lowercase_fallback, init_std, seed)
+
+
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def _is_number(text: str) -> bool:

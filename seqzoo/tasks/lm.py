@@ -233,8 +233,14 @@ class LMTask:
         return {"loss": loss, self.metric: self.metric_from_loss(loss), "tokens": targets.numel()}
 
     def metric_from_loss(self, loss: float) -> float:
-        """exp(loss) (perplexity) at word level, loss / ln 2 (bits per character) at char level."""
-        return math.exp(loss) if self.level == "word" else loss / math.log(2)
+        """exp(loss) (perplexity; inf past float range) at word level, loss / ln 2 (bits per character) at
+        char level."""
+        if self.level == "char":
+            return loss / math.log(2)
+        try:
+            return math.exp(loss)
+        except OverflowError:  # a dev loss over 709 nats: a diverged model, which early stopping must still rank
+            return math.inf
 
     def documents(self) -> dict[str, Any]:
         return {"vocab.json": self.vocab.to_dict(), "lm.json": {"level": self.level}}
@@ -352,8 +358,8 @@ def sample(
     """
     if length < 0:
         raise ValueError(f"length must be >= 0, got {length}")
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if not (temperature > 0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
     if not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     vocab, model = task.vocab, task.model
@@ -368,11 +374,11 @@ def sample(
     logits, state = model(torch.tensor([ids], device=task.device))
     drawn: list[int] = []
     for _ in range(length):
-        scaled = logits[0, -1].cpu() / temperature  # drawn on the CPU: the same text on any device
+        scaled = logits[0, -1].cpu()  # drawn on the CPU: the same text on any device
         scaled[vocab.pad_id] = -math.inf
         if task.level == "char":
             scaled[vocab.unk_id] = -math.inf
-        probs = torch.softmax(scaled, -1)
+        probs = torch.softmax((scaled - scaled.max()) / temperature, -1)  # a tiny temperature: greedy, not inf / inf
         if top_p < 1:  # drop each token once the more probable ones hold top_p
             ranked, order = probs.sort(descending=True)
             probs[order[ranked.cumsum(0) - ranked >= top_p]] = 0.0
