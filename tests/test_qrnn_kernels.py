@@ -170,6 +170,21 @@ def test_triton_double_backward_goes_through_the_reference(interpreted_triton):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("pooling", list(POOLINGS))
+def test_triton_on_gpu_keeps_float64_keep_prob_exact(pooling):
+    """keep_prob (zoneout at evaluation) reached the kernel as a float32 argument: float64 results
+    were 6e-9 off the reference at keep_prob 0.7 (Triton's interpreter, in CI, holds it as a double)."""
+    gates, lengths, c0, kwargs = _inputs(pooling, "eval", torch.float64)
+    gates, c0 = gates.detach().cuda().requires_grad_(True), c0.detach().cuda().requires_grad_(True)
+    lengths = lengths.cuda()
+    fast = _values_and_grads(qrnn_pool, gates, lengths, c0, kwargs, reverse=True)
+    ref = _values_and_grads(qrnn_pool_reference, gates, lengths, c0, kwargs, reverse=True)
+    for a, b in zip(fast, ref, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("pooling", list(POOLINGS))
 def test_triton_on_gpu_matches_reference(pooling):
     assert pool_backend("cuda") == "triton"
     gates, lengths, c0, kwargs = _inputs(pooling, "train")
@@ -302,6 +317,38 @@ def test_shapes_the_kernels_would_index_out_of_bounds_are_refused():
         qrnn_layer(x_pad, weight, bias, lengths, torch.zeros(4, 70), pooling="fo")
     with pytest.raises(ValueError, match="keep"):
         qrnn_pool(gates, lengths, c0, pooling="fo", keep=torch.ones(4, 2, 70, dtype=torch.bool))
+    with pytest.raises(TypeError, match=r"lengths must be integers, got torch\.float32"):
+        qrnn_pool(gates, lengths.float(), c0, **kwargs)
+
+
+def test_tensors_on_another_device_than_the_gates_are_refused():
+    """The C kernel dereferenced a CUDA pointer (a segfault) for lengths or c0 on CUDA with CPU gates
+    (the meta device stands in for CUDA here)."""
+    gates, lengths, c0, kwargs = _inputs("fo", "none")
+    (x_pad, weight, bias, _), _ = _layer_inputs(2, "fo")
+    for name, args in (("lengths", (lengths.to("meta"), c0)), ("c0", (lengths, c0.to("meta")))):
+        with pytest.raises(ValueError, match=rf"^{name} is on meta but the gates on cpu: move it \(\.to\('cpu'\)\)"):
+            qrnn_pool(gates, *args, **kwargs)
+    with pytest.raises(ValueError, match=r"^lengths is on meta but the gates on cpu"):
+        qrnn_layer(x_pad, weight, bias, lengths.to("meta"), pooling="fo")
+
+
+@needs_compiled
+def test_layer_bias_is_checked_and_may_be_strided(monkeypatch):
+    """The fused layer reads the bias through a raw pointer: a strided one was read as if contiguous,
+    one of another size past its end, a float64 one as float32."""
+    (x_pad, weight, bias, c0), lengths = _layer_inputs(2, "fo")
+    strided = torch.randn(2 * bias.numel())[::2]
+    outputs = []
+    for backend in ("auto", "reference"):
+        monkeypatch.setenv("SEQZOO_QRNN_BACKEND", backend)
+        outputs.append(qrnn_layer(x_pad, weight, strided, lengths, c0, pooling="fo"))
+    for got, want in zip(*outputs, strict=True):
+        torch.testing.assert_close(got, want)
+    monkeypatch.setenv("SEQZOO_QRNN_BACKEND", "auto")
+    for bad in (bias[:-1], bias.double()):
+        with pytest.raises(ValueError, match=rf"bias must be \({bias.numel()},\) of torch\.float32"):
+            qrnn_layer(x_pad, weight, bad, lengths, c0, pooling="fo")
 
 
 @needs_compiled

@@ -254,11 +254,19 @@ def _buffer(gates: Tensor) -> Tensor:
     return gates.float() if gates.dtype in _WIDENED else gates.clone()
 
 
-def _check_pool_args(shape: tuple[int, int, int], lengths: Tensor, c0: Tensor | None, keep: Tensor | None) -> None:
+def _check_pool_args(
+    shape: tuple[int, int, int], lengths: Tensor, c0: Tensor | None, keep: Tensor | None, device: torch.device
+) -> None:
     """Refuse what would make the kernels (which index without bounds checks) read or write out of
-    bounds; called once per path: by :func:`_compiled_inputs` for the C kernel, by :func:`qrnn_pool`
-    for the others. The lengths' values are checked on CPU only: on CUDA that would cost a device
-    sync per call, and the encoders derive them from a checked mask."""
+    bounds, or dereference another device's pointer; called once per path: by :func:`_compiled_inputs`
+    for the C kernel, by :func:`qrnn_pool` for the others. The lengths' values are checked on CPU
+    only: on CUDA that would cost a device sync per call, and the encoders derive them from a
+    checked mask. ``device``: the gates' (or the input's)."""
+    for name, tensor in (("lengths", lengths), ("c0", c0), ("keep", keep)):
+        if tensor is not None and tensor.device != device:
+            raise ValueError(f"{name} is on {tensor.device} but the gates on {device}: move it (.to({str(device)!r}))")
+    if lengths.is_floating_point() or lengths.is_complex():  # 2.5 was 2 in the C kernel and 3 in the reference
+        raise TypeError(f"lengths must be integers, got {lengths.dtype}")
     batch, time, hidden = shape
     in_range = lengths.is_cuda or bool(((lengths >= 0) & (lengths <= time)).all())
     if tuple(lengths.shape) != (batch,) or not in_range:
@@ -274,7 +282,7 @@ def _compiled_inputs(
 ) -> tuple:
     """x, lengths, c0, keep as the C kernel reads them (contiguous; int64, the dtype it computes in,
     uint8), after checking them against the pooling problem's ``shape`` (batch, time, hidden)."""
-    _check_pool_args(shape, lengths, c0, keep)
+    _check_pool_args(shape, lengths, c0, keep, x.device)
     c0 = None if c0 is None else c0.to(torch.float32 if x.dtype in _WIDENED else x.dtype).contiguous()
     keep = None if keep is None else keep.to(torch.uint8).contiguous()
     return x.contiguous(), lengths.to(torch.int64).contiguous(), c0, keep
@@ -444,6 +452,11 @@ def qrnn_layer(
         gates = window_linear(x_pad, weight, bias).view(batch, time, POOLINGS[pooling], -1)  # (B, T, G, H)
         return qrnn_pool(gates, lengths, c0, **kwargs)
     shape = (batch, time, weight.shape[0] // POOLINGS[pooling])
+    if bias is not None:  # the C kernel reads it through a raw pointer, as (G*H,) values of x's dtype
+        if tuple(bias.shape) != (weight.shape[0],) or bias.dtype != x_pad.dtype:
+            expected = f"({weight.shape[0]},) of {x_pad.dtype} (the input's)"
+            raise ValueError(f"bias must be {expected}, got {tuple(bias.shape)} {bias.dtype}")
+        bias = bias.contiguous()
     x_pad, lengths, c0, keep = _compiled_inputs(x_pad, lengths, c0, keep, shape)
     args = (x_pad, weight, bias, lengths, c0, keep, float(keep_prob), pooling, reverse)
     tracked = [t for t in (x_pad, weight, bias, c0) if t is not None]
@@ -500,7 +513,7 @@ def qrnn_pool(
         h, c_last = qrnn_pool_compiled(gates, lengths, c0, **kwargs)
         return h.to(gates.dtype), c_last.to(gates.dtype)
     batch, time, _, hidden = gates.shape
-    _check_pool_args((batch, time, hidden), lengths, c0, keep)
+    _check_pool_args((batch, time, hidden), lengths, c0, keep, gates.device)
     if backend == "triton":
         from seqzoo.kernels.qrnn_pool_triton import qrnn_pool_triton
 

@@ -73,7 +73,7 @@ if triton is not None:
         h,
         c_all,
         c_last,
-        keep_prob,
+        KEEP_PROB: tl.constexpr,  # in the kernel's precision: a float argument would be float32
         T,
         H,
         POOLING: tl.constexpr,
@@ -105,7 +105,7 @@ if triton is not None:
             m = (s < length)[:, None] & valid[None, :]  # (CHUNK, BLOCK)
             g = gates + row[:, None] * (G * H) + cols[None, :]
             z = _tanh(tl.load(g, mask=m, other=0.0).to(ACC))  # eq. 1
-            scale = tl.full([CHUNK, BLOCK], keep_prob, ACC)
+            scale = tl.full([CHUNK, BLOCK], KEEP_PROB, ACC)
             if HAS_KEEP:  # eq. 6: zoned-out channels get f = 1 (and i = 0 with ifo: they keep their state)
                 scale = scale * tl.load(keep + row[:, None] * H + cols[None, :], mask=m, other=0).to(ACC)
             leak = (1.0 - _sigmoid(tl.load(g + H, mask=m, other=0.0).to(ACC))) * scale
@@ -138,7 +138,7 @@ if triton is not None:
         dc_last,
         dgates,
         dc0,
-        keep_prob,
+        KEEP_PROB: tl.constexpr,  # in the kernel's precision: a float argument would be float32
         T,
         H,
         POOLING: tl.constexpr,
@@ -171,14 +171,14 @@ if triton is not None:
             dg = dgates + row[:, None] * (G * H) + cols[None, :]
             z = _tanh(tl.load(g, mask=m, other=0.0).to(ACC))
             f = _sigmoid(tl.load(g + H, mask=m, other=0.0).to(ACC))
-            scale = tl.full([CHUNK, BLOCK], keep_prob, ACC)
+            scale = tl.full([CHUNK, BLOCK], KEEP_PROB, ACC)
             if HAS_KEEP:
                 scale = scale * tl.load(keep + row[:, None] * H + cols[None, :], mask=m, other=0).to(ACC)
             leak = (1.0 - f) * scale
             # dL/dc_s = u_s + (1 - leak_{s+1}) dL/dc_{s+1}: the next step's decay carries it back
             nxt = b * T + (length - 2 - s if REVERSE else s + 1)
             m_next = (s + 1 < length)[:, None] & valid[None, :]
-            scale_next = tl.full([CHUNK, BLOCK], keep_prob, ACC)
+            scale_next = tl.full([CHUNK, BLOCK], KEEP_PROB, ACC)
             if HAS_KEEP:
                 scale_next = scale_next * tl.load(keep + nxt[:, None] * H + cols[None, :], mask=m_next, other=0).to(ACC)
             f_next = _sigmoid(
@@ -214,7 +214,7 @@ if triton is not None:
         # dL/dc0: the first step's decay carries dL/dc_0 back (an empty row passes dc_last on)
         first = b * T + (length - 1 if REVERSE else 0)
         m0 = valid & (cols * 0 + length > 0)  # (a vector: the interpreter refuses a scalar in a mask)
-        scale0 = tl.full([BLOCK], keep_prob, ACC)
+        scale0 = tl.full([BLOCK], KEEP_PROB, ACC)
         if HAS_KEEP:
             scale0 = scale0 * tl.load(keep + first * H + cols, mask=m0, other=0).to(ACC)
         f0 = _sigmoid(tl.load(gates + first * (G * H) + H + cols, mask=m0, other=0.0).to(ACC))
