@@ -78,12 +78,18 @@ def assert_padding_invariant(encoder: Encoder, lengths: list[int], atol: float =
 
 
 def assert_padding_gradients(encoder: Encoder, lengths: list[int], seed: int = 0) -> None:
-    """Backward from the real outputs of a padded batch whose pads are NaN: every parameter's
-    gradient is finite and the input's gradient is zero at the pads."""
+    """Backward from the real outputs of a padded batch whose pads are NaN, in training mode (cuDNN
+    has no RNN backward in eval mode): every parameter's gradient is finite and the input's
+    gradient is zero at the pads."""
     x, mask = _nan_padded(encoder, lengths, seed)
     x.requires_grad_(True)
     encoder.zero_grad(set_to_none=True)
-    out, _ = encoder(x, mask)
+    was_training = encoder.training
+    encoder.train()
+    try:
+        out, _ = encoder(x, mask)
+    finally:
+        encoder.train(was_training)
     out[mask].sum().backward()
     bad = [name for name, p in encoder.named_parameters() if p.grad is not None and not p.grad.isfinite().all()]
     if bad:
