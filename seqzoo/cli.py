@@ -185,16 +185,25 @@ def _sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plot_labels(run_dirs: list[str]) -> list[str]:
+    """The legend label of each run a plot compares: its directory's name, which must be unique."""
+    labels: list[str] = []
+    for run_dir in run_dirs:
+        label = Path(run_dir).resolve().name
+        if label in labels:
+            raise ConfigError(f"{run_dir}: two run directories are named {label!r}")
+        labels.append(label)
+    return labels
+
+
 def _plot_zones(args: argparse.Namespace) -> int:
     from seqzoo.mzu_analysis import plot_zone_relevance, zone_relevance
     from seqzoo.runner import load_task
 
     relevances = {}
-    for run_dir in args.run_dirs:  # one model each (its first seed), labelled by the directory's name
+    labels = _plot_labels(args.run_dirs) if len(args.run_dirs) > 1 else [""]
+    for run_dir, label in zip(args.run_dirs, labels, strict=True):  # one model each (its first seed)
         run = _trained_runs(run_dir)[0]
-        label = Path(run_dir).resolve().name if len(args.run_dirs) > 1 else ""
-        if label in relevances:
-            raise ConfigError(f"{run_dir}: two run directories are named {label!r}")
         try:
             relevances[label] = zone_relevance(load_task(run, with_data=False), args.text, args.depth)
         except ValueError as err:
@@ -218,7 +227,7 @@ def _plot_lengths(args: argparse.Namespace) -> int:
     if boundaries[0] < 1:
         raise ConfigError(f"--boundaries must be line lengths >= 1, got {args.boundaries!r}")
     series, metric = {}, None
-    for run_dir in args.run_dirs:
+    for run_dir, label in zip(args.run_dirs, _plot_labels(args.run_dirs), strict=True):
         sub = _trained_runs(run_dir)[0]
         task = load_task(sub, data_paths=args.set)
         if not isinstance(task, LMTask):
@@ -226,7 +235,7 @@ def _plot_lengths(args: argparse.Namespace) -> int:
         if metric not in (None, task.metric):
             raise ConfigError(f"{sub}: reports {task.metric}, the runs before it {metric}; plot one level at a time")
         metric = task.metric
-        series[Path(run_dir).name] = buckets = loss_by_length_bucket(task, args.split, boundaries)
+        series[label] = buckets = loss_by_length_bucket(task, args.split, boundaries)
         for bucket in buckets:
             print(json.dumps({"run": str(sub), "split": args.split, **bucket}))
     print(plot_length_buckets(series, args.out, metric))

@@ -30,6 +30,7 @@ from torch import Tensor
 from seqzoo.dtgru import DeepTransitionGRU
 from seqzoo.mzu import MZU, MFunction
 from seqzoo.plots import save_figure
+from seqzoo.tasks.lm import warn_outside_vocabulary
 from seqzoo.training import model_device
 
 __all__ = ["ZoneRelevance", "plot_zone_relevance", "relevance_matrix", "zone_relevance"]
@@ -72,6 +73,7 @@ def zone_relevance(task, text: str, depth: int = 0) -> ZoneRelevance:
         raise ValueError("the text needs at least two characters")
     was_training = task.model.training
     task.model.eval()
+    warn_outside_vocabulary(list(text), task.vocab, "characters")
     ids = torch.tensor([task.vocab.encode(list(text))], device=model_device(task.model))
     candidates, states = (t.cpu() for t in encoder.trace(task.model.embedding(ids)))
     task.model.train(was_training)

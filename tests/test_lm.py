@@ -4,6 +4,7 @@ import dataclasses
 import json
 import math
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -261,6 +262,9 @@ def test_plot_lengths_cli(corpus, tmp_path, capsys):
     assert main(["plot-lengths", str(tmp_path / "r"), "--boundaries", "a,b", "--out", str(out)]) == 2
     assert main(["plot-lengths", str(tmp_path / "r"), "--boundaries=-5,20", "--out", str(out)]) == 2
     assert "line lengths >= 1" in capsys.readouterr().err
+    shutil.copytree(tmp_path / "r", tmp_path / "other" / "r")  # one legend label for two runs: the first was dropped
+    assert main(["plot-lengths", str(tmp_path / "r"), str(tmp_path / "other" / "r"), "--out", str(out)]) == 2
+    assert "two run directories are named 'r'" in capsys.readouterr().err
 
 
 def test_sample_function_and_cli(corpus, tmp_path, capsys):

@@ -88,6 +88,13 @@ def test_zone_relevance_of_a_trained_model(trained):
         zone_relevance(task, text, depth=2)
 
 
+def test_characters_outside_the_vocabulary_are_named(trained, caplog):
+    """They are read as <unk> but labelled as written, so the plot would show a character the model never saw."""
+    task = load_task(trained, with_data=False)
+    zone_relevance(task, "pay€ments")
+    assert "characters outside the vocabulary, read as <unk>: '€'" in caplog.text
+
+
 def test_plot_and_cli(trained, tmp_path, capsys):
     task = load_task(trained, with_data=False)
     path = plot_zone_relevance(zone_relevance(task, "the talks ended\n"), tmp_path / "direct.png", last=3)

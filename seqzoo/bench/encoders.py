@@ -248,7 +248,8 @@ def measure(
 
 def _table(rows: list[dict]) -> str:
     columns = ("fwd tok/s", 10), ("fwd+bwd tok/s", 14), ("x lstm", 7), ("%gemm", 6), ("pool", 5)
-    lines = [f"{'encoder':8} {'shape':>12} " + " ".join(f"{name:>{width}}" for name, width in columns)]
+    names = max([8, *(len(r["encoder"]) for r in rows)])
+    lines = [f"{'encoder':{names}} {'shape':>12} " + " ".join(f"{name:>{width}}" for name, width in columns)]
     lstm = {(r["batch"], r["seq_len"], r["hidden"]): r["fwd_bwd_tokens_per_s"] for r in rows if r["encoder"] == "lstm"}
     for r in rows:
         shape = (r["batch"], r["seq_len"], r["hidden"])
@@ -259,7 +260,7 @@ def _table(rows: list[dict]) -> str:
         if "pooling_share" in r:
             share = f"{100 * r['pooling_share']:.0f}%"
         lines.append(
-            f"{r['encoder']:8} {'x'.join(map(str, shape)):>12} {r['fwd_tokens_per_s']:>10.0f} "
+            f"{r['encoder']:{names}} {'x'.join(map(str, shape)):>12} {r['fwd_tokens_per_s']:>10.0f} "
             f"{r['fwd_bwd_tokens_per_s']:>14.0f} {ratio:>7} {bound:>6} {share:>5}"
         )
     return "\n".join(lines)
@@ -305,6 +306,14 @@ def main(argv: list[str] | None = None) -> int:
     if "sru" in encoders and args.precision != "fp32" and args.device.type == "cpu":
         print("sru's CPU kernel takes float32 only (it fails under autocast); skipping it", file=sys.stderr)
         encoders.remove("sru")
+    if not encoders:
+        parser.error("no encoder left to measure")
+    for name in encoders:  # an encoder that cannot be built at a shape's size: an error now, not a traceback later
+        for hidden in sorted({shape[2] for shape in args.shapes}):
+            try:
+                _build(name, hidden, args.qrnn_window, args.qrnn_pooling)
+            except ValueError as err:
+                parser.error(f"{name} at hidden size {hidden}: {err}")
     torch.set_num_threads(args.threads)
     if args.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32

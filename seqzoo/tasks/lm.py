@@ -51,6 +51,7 @@ __all__ = [
     "plot_length_buckets",
     "read_splits",
     "sample",
+    "warn_outside_vocabulary",
 ]
 
 log = logging.getLogger("seqzoo")
@@ -342,6 +343,13 @@ def plot_length_buckets(series: Mapping[str, Sequence[dict[str, Any]]], path: st
 
 
 @torch.no_grad()
+def warn_outside_vocabulary(tokens: Sequence[str], vocab: Vocab, what: str) -> None:
+    """Warn, naming them, about ``tokens`` that ``vocab`` reads as ``<unk>``."""
+    unknown = sorted({token for token in tokens if token not in vocab})
+    if unknown:
+        log.warning("%s outside the vocabulary, read as <unk>: %s", what, " ".join(map(repr, unknown)))
+
+
 def sample(
     task: LMTask, length: int = 200, temperature: float = 1.0, prime: str = "", seed: int = 0, top_p: float = 1.0
 ) -> str:
@@ -364,9 +372,7 @@ def sample(
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     vocab, model = task.vocab, task.model
     context = list(prime) if task.level == "char" else prime.split()
-    unknown = sorted({token for token in context if token not in vocab})
-    if unknown:
-        log.warning("prime tokens outside the vocabulary, read as <unk>: %s", " ".join(map(repr, unknown)))
+    warn_outside_vocabulary(context, vocab, "prime tokens")
     ids = vocab.encode(context) or [task.line_end_id if task.line_end_id is not None else vocab.unk_id]
     generator = torch.Generator().manual_seed(seed)
     was_training = model.training
