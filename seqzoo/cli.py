@@ -18,12 +18,11 @@ __all__ = ["main"]
 log = logging.getLogger("seqzoo")
 
 DEFAULT_CONFIG = Path(__file__).with_name("configs") / "default.yaml"
-#: What a resumed run keeps once it has trained: its checkpoints depend on these (a resume may
-#: change the rest: the epoch and step budgets, patience, the optimiser's schedule, threads,
-#: logging). Data paths may move (:data:`DATA_PATHS`); seeds may only be added (:func:`_seed_list`).
-#: Keys a ``--resume --set`` may not change: what the checkpoints were trained with, and the
+#: What a resumed run keeps once it has trained: what its checkpoints were trained with, and the
 #: optimiser's own settings, which its restored state would silently keep (or, for another
-#: optimiser, fail to load).
+#: optimiser, fail to load). A resume may change the rest: the epoch and step budgets, patience,
+#: the optimiser's schedule, threads, logging. Data paths may move (:data:`DATA_PATHS`); seeds may
+#: only be added (:func:`_seed_list`).
 FIXED_ON_RESUME = (
     "task",
     "data",

@@ -178,8 +178,6 @@ class OptimConfig:
     def __post_init__(self) -> None:
         _require(self, positive=("lr", "eps", "clip_norm", "decay"), rate=("momentum", "alpha"))
         _require(self, non_negative=("weight_decay", "decay_start", "min_lr", "warmup_steps"))
-        if self.min_lr > self.lr:  # a decay would raise the rate, a step schedule climb to it
-            raise ConfigError(f"min_lr: the floor of the decays must be <= lr ({self.lr}), got {self.min_lr}")
 
 
 @dataclass
@@ -418,9 +416,6 @@ def _refuse_inert(config: RunConfig, given: dict[str, str]) -> None:
         raise ConfigError(f"{'; '.join(found)}: remove {'it' if len(found) == 1 else 'them'}")
 
 
-_ENCODER_ARG = "model.encoder_args."
-
-
 def load_config(
     path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), *, resolved: bool = False
 ) -> RunConfig:
@@ -450,19 +445,20 @@ def load_config(
         _refuse_inert(config, file_keys)
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}" if path else str(err)) from None
-    if not overrides:
-        return config
-    keys = [a.split("=", 1)[0].strip() for a in overrides]
-    model = values.setdefault("model", {})
-    if isinstance(model, dict) and "encoder_args" not in model and any(k.startswith(_ENCODER_ARG) for k in keys):
-        model["encoder_args"] = config.model.encoder_args  # --set model.encoder_args.K=V edits the default
-    for assignment in overrides:
-        apply_override(values, assignment)
-    try:
-        config = config_from_dict(values)
-    except ConfigError as err:
-        raise ConfigError(f"--set {' '.join(overrides)}: {err}") from None
-    _refuse_inert(config, {key: f"--set {key}" for key in keys})  # (its message names the --set)
+    where = str(path) if path else "config"
+    if overrides:
+        for assignment in overrides:
+            apply_override(values, assignment)
+        where = " ".join(f"--set {assignment}" for assignment in overrides)
+        try:
+            config = config_from_dict(values)
+        except ConfigError as err:
+            raise ConfigError(f"{where}: {err}") from None
+        keys = [a.split("=", 1)[0].strip() for a in overrides]
+        _refuse_inert(config, {key: f"--set {key}" for key in keys})  # (its message names the --set)
+    optim = config.optim
+    if optim.min_lr > optim.lr:  # checked on the result: an override may set either
+        raise ConfigError(f"{where}: optim.min_lr: decays' floor must be <= lr ({optim.lr}), got {optim.min_lr}")
     return config
 
 

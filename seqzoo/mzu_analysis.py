@@ -27,10 +27,10 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from seqzoo.data.text import warn_outside_vocabulary
 from seqzoo.dtgru import DeepTransitionGRU
 from seqzoo.mzu import MZU, MFunction
 from seqzoo.plots import save_figure
-from seqzoo.tasks.lm import warn_outside_vocabulary
 from seqzoo.training import model_device
 
 __all__ = ["ZoneRelevance", "plot_zone_relevance", "relevance_matrix", "zone_relevance"]

@@ -8,6 +8,7 @@ import importlib
 import json
 import logging
 import re
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -86,8 +87,8 @@ def run(config: RunConfig, run_dir: str | Path, resume: bool = False) -> dict[st
                     log.info("%s is finished (%s); reporting its test result", sub_dir, reason)
             if done is None:
                 log.info("training %s (seed %d) -> %s", config.name, seed, sub_dir)
-                if sub:  # each fold's draws start from its seed, not from where the folds before it left them,
-                    set_seed(seed)  # so a resume that skips finished folds trains the next one as an uninterrupted run
+                if sub:  # each fold's draws start from a seed of its own, not from where the folds before it
+                    set_seed(zlib.crc32(f"{seed}/{sub}".encode()))  # left them: a resume may skip those
                 Trainer(cfg, task, sub_dir).fit(resume=resume)
                 done = completed_test_record(sub_dir)
             results[name] = {k: v for k, v in done.items() if k.startswith("test_")}

@@ -7,9 +7,9 @@ from conftest import needs_cxx
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from seqzoo import build_encoder
-from seqzoo.base import reverse_padded
+from seqzoo.base import Encoder, reverse_padded
 from seqzoo.poolers import build_pooler
-from seqzoo.testing import assert_contract, assert_padding_invariant
+from seqzoo.testing import assert_contract, assert_padding_gradients, assert_padding_invariant
 
 
 @pytest.mark.parametrize("name", ["lstm", "gru"])
@@ -181,6 +181,30 @@ def test_assert_contract_finds_the_batch_dimension_of_any_state(name):
     """The padding check runs a batch of 5: a state (layers, B, H) with 5 layers once had its layer
     dimension taken for the batch's, and a correct encoder failed the contract."""
     assert_contract(build_encoder(name, 3, hidden_size=4, num_layers=5))
+
+
+class _PadsInTheGradient(Encoder):
+    """Finite outputs (pads masked after the matmul), but ``linear.weight``'s gradient sums x over
+    every position, NaN pads included: the fault the gradient check exists for."""
+
+    def __init__(self) -> None:
+        super().__init__(3, 4)
+        self.linear = torch.nn.Linear(3, 4)
+
+    def forward(self, x, mask=None, state=None):
+        mask = self.check_input(x, mask)
+        return torch.where(mask.unsqueeze(-1), self.linear(x), 0.0), None
+
+
+def test_the_padding_gradient_check_finds_nan_pads_in_a_gradient_and_leaves_grads_and_rng_alone():
+    with pytest.raises(AssertionError, match=r"non-finite gradients of \['linear\.weight'\]"):
+        assert_padding_gradients(_PadsInTheGradient(), [3, 1])
+    enc = build_encoder("lstm", 3, hidden_size=4, num_layers=2, dropout=0.5)
+    for p in enc.parameters():
+        p.grad = torch.ones_like(p)
+    rng = torch.get_rng_state()
+    assert_padding_gradients(enc, [3, 1, 0])
+    assert all(p.grad.eq(1).all() for p in enc.parameters()) and torch.equal(torch.get_rng_state(), rng)
 
 
 def test_mask_validation_messages():

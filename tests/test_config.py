@@ -47,7 +47,6 @@ def test_bad_values_name_the_key(override, message):
         ("optim.clip_norm=nan", r"optim\.clip_norm: must be finite, got nan"),
         ("optim.warmup_steps=-5", r"optim\.warmup_steps: must be >= 0"),
         ("optim.momentum=1.0", r"optim\.momentum: must be in \[0, 1\)"),
-        ("optim.min_lr=0.01", r"optim\.min_lr: the floor of the decays must be <= lr \(0\.001\), got 0\.01"),
         ("model.dropout=1.0", r"model\.dropout: must be in \[0, 1\)"),
         ("model.mlp_hidden=[64,0]", r"model\.mlp_hidden: must be > 0, got \[64, 0\]"),
         ("train.epochs=0", r"train\.epochs: must be > 0"),
@@ -155,6 +154,18 @@ def test_an_overrides_error_names_the_overrides_not_the_file(tmp_path):
         load_config(path, ["train.epochs=3"])
 
 
+def test_min_lr_is_checked_against_lr_after_the_overrides(tmp_path):
+    """A decay's floor above the rate would raise it; either may come from the file or an override."""
+    message = r"^--set optim\.schedule=cosine --set optim\.min_lr=0\.01: optim\.min_lr: decays' floor must be <= lr"
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, ["optim.schedule=cosine", "optim.min_lr=0.01"])
+    path = tmp_path / "c.yaml"
+    path.write_text("optim: {schedule: cosine, min_lr: 0.002}\n")  # above the default lr 0.001
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: optim\.min_lr: .* <= lr \(0\.001\), got 0\.002"):
+        load_config(path)
+    assert load_config(path, ["optim.lr=0.01"]).optim.min_lr == 0.002
+
+
 def test_odd_values_are_config_errors(tmp_path):
     with pytest.raises(ConfigError, match=r"optim\.lr: 9{400} is too large for a float"):
         load_config(None, ["optim.lr=" + "9" * 400])
@@ -162,18 +173,6 @@ def test_odd_values_are_config_errors(tmp_path):
     path.write_text("model:\n  encoder_args: {1: 2}\n")
     with pytest.raises(ConfigError, match=r"c\.yaml: model\.encoder_args: keys must be strs, got 1"):
         load_config(path)
-
-
-def test_an_encoder_argument_override_edits_the_default_arguments(tmp_path):
-    """--set model.encoder_args.K=V over a config without encoder_args keeps the other defaults."""
-    default = load_config(None).model.encoder_args
-    assert load_config(None, ["model.encoder_args.hidden_size=64"]).model.encoder_args == {**default, "hidden_size": 64}
-    path = tmp_path / "c.yaml"
-    path.write_text("model: {encoder_args: {hidden_size: 8}}\n")  # the file's mapping is the one edited
-    assert load_config(path, ["model.encoder_args.num_layers=2"]).model.encoder_args == {
-        "hidden_size": 8,
-        "num_layers": 2,
-    }
 
 
 def test_an_override_may_switch_off_a_key_of_the_file(tmp_path):

@@ -271,7 +271,11 @@ def test_sample_function_and_cli(corpus, tmp_path, capsys):
     config = make_config(corpus, tmp_path, train={"epochs": 1})
     run(config, tmp_path / "r")
     task = load_task(tmp_path / "r", with_data=False)
+    grad_modes = []  # the carried state would chain every step's graph to the last
+    hook = task.model.register_forward_hook(lambda *_: grad_modes.append(torch.is_grad_enabled()))
     text = sample(task, length=12, prime="the cat", seed=3)
+    hook.remove()
+    assert grad_modes and not any(grad_modes)
     assert text.startswith("the cat ") and sample(task, length=12, prime="the cat", seed=3) == text
     assert main(["sample", str(tmp_path / "r"), "--length", "12", "--prime", "the cat", "--seed", "3"]) == 0
     assert capsys.readouterr().out == text + "\n"

@@ -173,6 +173,7 @@ def test_triton_double_backward_goes_through_the_reference(interpreted_triton):
 def test_triton_on_gpu_keeps_float64_keep_prob_exact(pooling):
     """keep_prob (zoneout at evaluation) reached the kernel as a float32 argument: float64 results
     were 6e-9 off the reference at keep_prob 0.7 (Triton's interpreter, in CI, holds it as a double)."""
+    assert pool_backend("cuda") == "triton"
     gates, lengths, c0, kwargs = _inputs(pooling, "eval", torch.float64)
     gates, c0 = gates.detach().cuda().requires_grad_(True), c0.detach().cuda().requires_grad_(True)
     lengths = lengths.cuda()

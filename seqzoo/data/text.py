@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -11,7 +12,9 @@ from typing import Any, ClassVar
 from seqzoo.data.errors import DataError
 from seqzoo.data.io import read_json, write_json
 
-__all__ = ["Tokenizer", "Vocab"]
+__all__ = ["Tokenizer", "Vocab", "warn_outside_vocabulary"]
+
+log = logging.getLogger("seqzoo")
 
 _APOSTROPHE = "['\u2019]"  # ASCII and typographic apostrophe
 _TOKEN_RE = re.compile(
@@ -195,3 +198,10 @@ class Vocab:
             return cls.from_dict(obj)
         except ValueError as err:
             raise DataError(str(err), path) from None
+
+
+def warn_outside_vocabulary(tokens: Iterable[str], vocab: Vocab, what: str) -> None:
+    """Warn, naming them, about ``tokens`` that ``vocab`` reads as ``<unk>`` (``what``: e.g. "prime tokens")."""
+    unknown = sorted({token for token in tokens if token not in vocab})
+    if unknown:
+        log.warning("%s outside the vocabulary, read as <unk>: %s", what, " ".join(map(repr, unknown)))

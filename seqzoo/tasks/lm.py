@@ -38,7 +38,7 @@ from seqzoo.config import LMDataConfig, ModelConfig, RunConfig, names_config_err
 from seqzoo.data.errors import DataError
 from seqzoo.data.io import require_file
 from seqzoo.data.lm import EOS, batchify, build_lm_vocab, read_lm_tokens, tbptt_batches
-from seqzoo.data.text import Vocab
+from seqzoo.data.text import Vocab, warn_outside_vocabulary
 from seqzoo.plots import save_figure
 from seqzoo.training import StepLoss, resolve_device
 
@@ -51,7 +51,6 @@ __all__ = [
     "plot_length_buckets",
     "read_splits",
     "sample",
-    "warn_outside_vocabulary",
 ]
 
 log = logging.getLogger("seqzoo")
@@ -343,13 +342,6 @@ def plot_length_buckets(series: Mapping[str, Sequence[dict[str, Any]]], path: st
 
 
 @torch.no_grad()
-def warn_outside_vocabulary(tokens: Sequence[str], vocab: Vocab, what: str) -> None:
-    """Warn, naming them, about ``tokens`` that ``vocab`` reads as ``<unk>``."""
-    unknown = sorted({token for token in tokens if token not in vocab})
-    if unknown:
-        log.warning("%s outside the vocabulary, read as <unk>: %s", what, " ".join(map(repr, unknown)))
-
-
 def sample(
     task: LMTask, length: int = 200, temperature: float = 1.0, prime: str = "", seed: int = 0, top_p: float = 1.0
 ) -> str:
