@@ -164,7 +164,8 @@ class QRNNSeq2Seq(Seq2Seq):
 
     ``encoder_window`` / ``decoder_window``: one filter width for all layers or one per layer
     (the paper's translation model, the default: 6 for the first encoder layer, 2 elsewhere). ``dropout``
-    applies to embeddings and between layers (the paper uses none for translation). ``enc_state``
+    applies to embeddings, between layers and before the output layer (the paper uses none for
+    translation). ``enc_state``
     is the encoder state the decoder reads: ``"h"`` (the paper) or ``"c"`` (the authors' code).
     """
 
