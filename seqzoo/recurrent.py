@@ -148,7 +148,8 @@ class RecurrentCellEncoder(Encoder):
             state = x.new_zeros(shape, dtype=dtype)
         elif not isinstance(state, Tensor) or tuple(state.shape) != shape:
             raise ValueError(f"state must be a tensor of shape {shape}, got {describe_state(state)}")
-        elif state.dtype != dtype:
+        elif state.dtype != dtype:  # also under autocast (unlike check_state_dtype): the cells' steps
+            # mix the state with float32 results (torch.lerp refuses a bfloat16 state there)
             raise TypeError(f"state is {state.dtype} but the encoder's weights are {dtype}")
         steps = mask.t()  # (T, B)
         full = takes_all_real_shortcut(mask)

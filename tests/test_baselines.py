@@ -274,6 +274,17 @@ def test_input_of_another_dtype_than_the_weights_is_refused(name):
     assert enc.double()(torch.randn(2, 5, 6, dtype=torch.float64))[0].dtype == torch.float64
 
 
+@pytest.mark.parametrize("name", ["mzu", "dtgru", "gru_ln"])
+def test_seqzoos_time_loop_wants_its_state_in_the_weights_dtype_also_under_autocast(name):
+    """Unlike the LSTM/GRU/QRNN (check_state_dtype accepts any dtype under autocast), the cells' steps
+    mix the state with float32 results, which a bfloat16 state fails inside torch (torch.lerp)."""
+    enc = build_encoder(name, 6, hidden_size=4, **ALL_ENCODERS[name])
+    x = torch.randn(2, 5, 6)
+    _, state = enc(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(TypeError, match=r"state is torch\.bfloat16"):
+        enc(x, None, state.bfloat16())
+
+
 @pytest.mark.parametrize(
     ("name", "bidirectional"),
     [(name, bi) for name in ALL_ENCODERS for bi in (False, True) if not (bi and name == "transformer")],
