@@ -48,6 +48,7 @@ from seqzoo.checkpoint import (
     split_tensors,
 )
 from seqzoo.config import ConfigError, OptimConfig, RunConfig, TrainConfig, config_to_dict
+from seqzoo.data.errors import DataError
 from seqzoo.data.io import atomic_write_text, read_json
 from seqzoo.plots import plot_curves
 
@@ -309,11 +310,12 @@ class Trainer:
                 f"(missing {missing}, unknown {unknown}); it cannot be resumed by this one"
             )
         load_weights(self.task.model, path / "model.safetensors")
-        optim_state = join_tensors(doc["optimizer"], load_tensors(path / "optimizer.safetensors"))
-        self.optimizer.load_state_dict(_int_keys(optim_state))
+        self.optimizer.load_state_dict(_int_keys(_joined(doc["optimizer"], path / "optimizer.safetensors")))
         if hasattr(self.task, "load_extra_state"):
-            self.task.load_extra_state(join_tensors(doc["extra"], load_tensors(path / "extra.safetensors")))
+            self.task.load_extra_state(_joined(doc["extra"], path / "extra.safetensors"))
         rng = load_tensors(path / "rng.safetensors")
+        if "torch" not in rng:
+            raise DataError("no 'torch' generator state in it", path / "rng.safetensors")
         torch.set_rng_state(rng["torch"])
         device = self.device
         if device.type == "cuda" and "cuda" in rng:
@@ -580,7 +582,25 @@ def _epochs_left(loop: dict[str, Any], config: RunConfig) -> bool:
 
 
 def _read_train_state(checkpoint: Path) -> dict[str, Any]:
-    return read_json(checkpoint / "train_state.json")
+    """``train_state.json`` of a ``last/`` checkpoint; one without the parts a resume reads (damaged,
+    or written by hand) is a :class:`DataError` naming the file, not a KeyError later on."""
+    path = checkpoint / "train_state.json"
+    doc = read_json(path)
+    parts = ("loop", "optimizer", "extra", "python_rng")
+    missing = [part for part in parts if part not in doc] if isinstance(doc, dict) else list(parts)
+    if missing:
+        raise DataError(f"not a seqzoo training state (missing {missing})", path)
+    if not isinstance(doc["loop"], dict):
+        raise DataError("not a seqzoo training state ('loop' is not an object)", path)
+    return doc
+
+
+def _joined(skeleton: Any, path: Path) -> Any:
+    """The state ``skeleton`` (from ``train_state.json``) with its tensors from the file at ``path``."""
+    try:
+        return join_tensors(skeleton, load_tensors(path))
+    except KeyError as err:
+        raise DataError(f"no tensor {err} that train_state.json refers to", path) from None
 
 
 def _model_tensors(model: nn.Module) -> dict[str, Tensor]:

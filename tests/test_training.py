@@ -5,6 +5,7 @@ import itertools
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -464,6 +465,34 @@ def test_resume_rejects_loop_state_of_another_version(toy_corpus, tmp_path):
         r"\(missing \['loss_count'\], unknown \['loss_tokens'\]\)",
     ):
         run(config, tmp_path / "r", resume=True)
+
+
+@pytest.mark.parametrize("damage", ["empty_state", "loop_not_object", "missing_tensor", "no_torch_rng"])
+def test_resume_from_a_damaged_checkpoint_names_the_file(toy_corpus, tmp_path, capsys, damage):
+    """A hand-edited or damaged last/ checkpoint was a raw KeyError; now the CLI names the file."""
+    from safetensors.torch import load_file, save_file
+
+    config = load_config(_config_yaml(toy_corpus, tmp_path), ["train.epochs=1"])
+    run(config, tmp_path / "r")
+    last = tmp_path / "r/last"
+    (tmp_path / "r/metrics.jsonl").write_text("")  # not finished, so resume reads the checkpoint
+    state = last / "train_state.json"
+    if damage == "empty_state":
+        state.write_text("{}")
+        expected = r"train_state.json: not a seqzoo training state \(missing \['loop', 'optimizer'"
+    elif damage == "loop_not_object":
+        state.write_text(json.dumps(json.loads(state.read_text()) | {"loop": []}))
+        expected = r"train_state.json: not a seqzoo training state \('loop' is not an object\)"
+    elif damage == "missing_tensor":
+        tensors = load_file(str(last / "optimizer.safetensors"))
+        tensors.pop(sorted(tensors)[0])
+        save_file(tensors, str(last / "optimizer.safetensors"))
+        expected = r"optimizer.safetensors: no tensor '.+' that train_state.json refers to"
+    else:
+        save_file({"other": torch.zeros(1)}, str(last / "rng.safetensors"))
+        expected = r"rng.safetensors: no 'torch' generator state in it"
+    assert main(["train", "--resume", str(tmp_path / "r")]) == 2
+    assert re.search(expected, capsys.readouterr().err)
 
 
 def test_evaluate_run_trained_with_pretrained_vectors_of_another_size(toy_corpus, tmp_path, capsys):
