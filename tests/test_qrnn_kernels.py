@@ -334,6 +334,34 @@ def test_tensors_on_another_device_than_the_gates_are_refused():
         qrnn_layer(x_pad, weight, bias, lengths.to("meta"), pooling="fo")
 
 
+@pytest.mark.parametrize("backend", ["reference", pytest.param("compiled", marks=needs_compiled)])
+def test_c0_of_another_dtype_than_the_gates_is_refused(monkeypatch, backend):
+    """A float64 c0 with float32 gates was narrowed by the fused kernel but promoted the reference's
+    result to float64; half-precision gates pool in float32, so a float32 c0 is theirs."""
+    monkeypatch.setenv("SEQZOO_QRNN_BACKEND", backend)
+    gates, lengths, c0, kwargs = _inputs("fo", "none")
+    (x_pad, weight, bias, _), layer_lengths = _layer_inputs(2, "fo")
+    with pytest.raises(TypeError, match=r"^c0 is torch\.float64 but the gates are torch\.float32"):
+        qrnn_pool(gates, lengths, c0.double(), **kwargs)
+    with pytest.raises(TypeError, match=r"^c0 is torch\.bfloat16 but the gates are torch\.float32"):
+        qrnn_layer(x_pad, weight, bias, layer_lengths, torch.zeros(4, 5, dtype=torch.bfloat16), pooling="fo")
+    h, c_last = qrnn_pool(gates.bfloat16(), lengths, c0, **kwargs)
+    assert torch.isfinite(h.float()).all() and c_last.shape == c0.shape
+
+
+@pytest.mark.parametrize("backend", ["reference", pytest.param("compiled", marks=needs_compiled)])
+@pytest.mark.parametrize("pooling", list(POOLINGS))
+def test_empty_sequences_pool_to_their_initial_state(monkeypatch, backend, pooling):
+    """T = 0: every path gives (B, 0, H) outputs and c0 back (the reference crashed in torch.stack)."""
+    monkeypatch.setenv("SEQZOO_QRNN_BACKEND", backend)
+    gates = torch.randn(3, 0, POOLINGS[pooling], 4, requires_grad=True)
+    c0 = torch.randn(3, 4)
+    h, c_last = qrnn_pool(gates, torch.zeros(3, dtype=torch.int64), c0, pooling=pooling)
+    assert h.shape == (3, 0, 4) and torch.equal(c_last, c0)
+    h.sum().backward()
+    assert gates.grad.shape == gates.shape
+
+
 @needs_compiled
 def test_layer_bias_is_checked_and_may_be_strided(monkeypatch):
     """The fused layer reads the bias through a raw pointer: a strided one was read as if contiguous,

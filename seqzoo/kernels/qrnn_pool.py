@@ -6,7 +6,7 @@ All paths share one signature and one convention (the paper's: ``f`` multiplies 
 
     gates     (B, T, G, H) pre-activations in the order z, f, o, i; G = POOLINGS[pooling]
     lengths   (B,) int64 real tokens per row (right-padded); pads leave the state unchanged
-    c0        (B, H) initial cell state, or None for zeros
+    c0        (B, H) initial cell state in the gates' dtype (float32 for half gates), or None for zeros
     keep      (B, T, H) bool zoneout keep mask (training; False = zoned out: f = 1, and i = 0 with
               ifo-pooling, so the channel keeps its state), or None
     keep_prob scale of 1 - f (and of i): 1.0, or 1 - p at evaluation (the expectation of the mask)
@@ -90,7 +90,7 @@ def qrnn_pool_reference(
         cells.append(c)
     if reverse:
         cells.reverse()
-    h = torch.stack(cells, 1)  # (B, T, H)
+    h = torch.stack(cells, 1) if cells else z  # (B, T, H); T = 0: the empty z, in the graph like the kernels' h
     if pooling != "f":
         h = h * gated[:, :, 1]  # h_t = o_t * c_t
     return (h.masked_fill(~real, 0.0) if padded else h), c
@@ -255,13 +255,18 @@ def _buffer(gates: Tensor) -> Tensor:
 
 
 def _check_pool_args(
-    shape: tuple[int, int, int], lengths: Tensor, c0: Tensor | None, keep: Tensor | None, device: torch.device
+    shape: tuple[int, int, int], lengths: Tensor, c0: Tensor | None, keep: Tensor | None, like: Tensor
 ) -> None:
     """Refuse what would make the kernels (which index without bounds checks) read or write out of
     bounds, or dereference another device's pointer; called once per path: by :func:`_compiled_inputs`
     for the C kernel, by :func:`qrnn_pool` for the others. The lengths' values are checked on CPU
     only: on CUDA that would cost a device sync per call, and the encoders derive them from a
-    checked mask. ``device``: the gates' (or the input's)."""
+    checked mask. ``like``: the gates (or the layer's input), whose device and dtype the others follow;
+    ``c0`` of another dtype would be cast by a fast path but promote the reference's result, so it
+    must be ``like``'s dtype (or float32 for half-precision gates, which pool in float32)."""
+    device = like.device
+    if c0 is not None and c0.dtype != like.dtype and not (like.dtype in _WIDENED and c0.dtype == torch.float32):
+        raise TypeError(f"c0 is {c0.dtype} but the gates are {like.dtype}: cast it (.to({like.dtype}))")
     for name, tensor in (("lengths", lengths), ("c0", c0), ("keep", keep)):
         if tensor is not None and tensor.device != device:
             raise ValueError(f"{name} is on {tensor.device} but the gates on {device}: move it (.to({str(device)!r}))")
@@ -282,7 +287,7 @@ def _compiled_inputs(
 ) -> tuple:
     """x, lengths, c0, keep as the C kernel reads them (contiguous; int64, the dtype it computes in,
     uint8), after checking them against the pooling problem's ``shape`` (batch, time, hidden)."""
-    _check_pool_args(shape, lengths, c0, keep, x.device)
+    _check_pool_args(shape, lengths, c0, keep, x)
     c0 = None if c0 is None else c0.to(torch.float32 if x.dtype in _WIDENED else x.dtype).contiguous()
     keep = None if keep is None else keep.to(torch.uint8).contiguous()
     return x.contiguous(), lengths.to(torch.int64).contiguous(), c0, keep
@@ -513,7 +518,7 @@ def qrnn_pool(
         h, c_last = qrnn_pool_compiled(gates, lengths, c0, **kwargs)
         return h.to(gates.dtype), c_last.to(gates.dtype)
     batch, time, _, hidden = gates.shape
-    _check_pool_args((batch, time, hidden), lengths, c0, keep, gates.device)
+    _check_pool_args((batch, time, hidden), lengths, c0, keep, gates)
     if backend == "triton":
         from seqzoo.kernels.qrnn_pool_triton import qrnn_pool_triton
 
