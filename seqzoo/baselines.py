@@ -73,7 +73,17 @@ class _TorchRNN(Encoder):
         state = tuple(state) if isinstance(state, list) else state  # [h, c] as the other encoders take it
         self._check_state(state, x)
         if takes_all_real_shortcut(mask):
-            return self.rnn(x, state)
+            out, final = self.rnn(x, state)
+            # Under CPU autocast torch's LSTM kernel returns bfloat16, the padded paths (and every
+            # other encoder) the weights' dtype: return that here too (an exact widening), so the
+            # dtype does not depend on the mask.
+            dtype = self.rnn.weight_ih_l0.dtype
+            if out.dtype != dtype:
+                out, final = (
+                    out.to(dtype),
+                    tuple(t.to(dtype) for t in final) if isinstance(final, tuple) else final.to(dtype),
+                )
+            return out, final
         lengths = lengths_from_mask(mask)
         x = zero_padding(x, mask)  # the unpacked run and an empty row's one packed step read pads
         tracing = torch.jit.is_tracing()  # a trace records the packed path, which serves every mask

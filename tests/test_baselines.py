@@ -306,6 +306,27 @@ def test_bfloat16_input_under_cpu_autocast(name, bidirectional, single_thread):
     torch.testing.assert_close(out.float(), expected, atol=0.05, rtol=0.05)
 
 
+@pytest.mark.parametrize("name", list(ALL_ENCODERS))
+def test_dtype_under_cpu_autocast_does_not_depend_on_the_mask(name, single_thread):
+    """Under bfloat16 autocast the LSTM returned bfloat16 outputs and state on all-real batches (torch's
+    kernel) but float32 on padded ones (now float32 for both, as the other recurrent encoders)."""
+
+    def dtypes(tree) -> set[torch.dtype]:
+        if isinstance(tree, torch.Tensor):
+            return {tree.dtype}
+        return set().union(*map(dtypes, tree)) if isinstance(tree, (tuple, list)) else set()
+
+    enc = build_encoder(name, 6, hidden_size=4, **ALL_ENCODERS[name])
+    x = torch.randn(2, 5, 6)
+    seen = []
+    for mask in (torch.ones(2, 5, dtype=torch.bool), torch.arange(5) < torch.tensor([[5], [3]])):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            seen.append(dtypes(enc(x, mask)))
+    assert len(seen[0]) == 1 and seen[0] == seen[1]
+    if name != "transformer":  # its last operation may be autocast's (a linear layer), as in torch's own
+        assert seen[0] == {torch.float32}
+
+
 def test_argument_types_are_checked_before_anything_is_built():
     """A value of the wrong type is refused by name (torch's LSTM took ``bidirectional=1`` and failed
     at the first forward); an int is a float, a bool is no int."""
