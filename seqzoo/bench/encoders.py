@@ -48,7 +48,7 @@ from seqzoo.kernels.qrnn_pool import _Kernel, qrnn_pool, qrnn_pool_compiled
 from seqzoo.qrnn import QRNN
 from seqzoo.training import autocast, check_precision
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 DEFAULT_SHAPES = "8x512x512,32x128x512,128x32x512"
 
@@ -266,7 +266,8 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``seqzoo bench encoders``."""
     parser = argparse.ArgumentParser(prog="seqzoo bench encoders", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--encoders",
@@ -291,6 +292,11 @@ def main(argv: list[str] | None = None) -> int:
         default="fp32",
         help="autocast, as train.precision (default fp32)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         check_precision(args.precision, args.device)

@@ -39,7 +39,7 @@ from seqzoo.dtgru import DeepTransitionGRU
 from seqzoo.mzu import MZU
 from seqzoo.recurrent import compile_failure
 
-__all__ = ["dtgru_forward_flops", "main", "mzu_forward_flops"]
+__all__ = ["build_parser", "dtgru_forward_flops", "main", "mzu_forward_flops"]
 
 VOCAB, EMBEDDING, HIDDEN, FILTER = 50, 256, 800, 1000
 
@@ -122,7 +122,8 @@ def _time_training(lm: _CharLM, batch: int, bptt: int, repeats: int) -> float:
     return statistics.median(times)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``seqzoo bench mzu``."""
     parser = argparse.ArgumentParser(prog="seqzoo bench mzu", description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=positive_int, default=256)
     parser.add_argument("--bptt", type=positive_int, default=150, help="the paper's 150 needs ~15 GB of RAM")
@@ -132,7 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile-step", action="store_true", help="the recurrent steps through torch.compile")
     parser.add_argument("--device", type=device_arg, default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
 
