@@ -120,15 +120,16 @@ class DeepTransitionGRUCell(nn.Module):
         """Run ``x`` (T, B, D) from ``h`` (B, H) and keep the internals, for analysis (MZU paper Figure 3).
 
         Returns the candidate ``h̃`` of every cell (T, K + 1, B, H) (depth 0: the GRU that reads
-        ``x_t``; then the T-GRUs) and the state after each step (T, B, H), as :meth:`MZUCell.trace
-        <seqzoo.mzu.MZUCell.trace>` does.
+        ``x_t``; then the T-GRUs; in training, after dropout) and the state after each step
+        (T, B, H), as :meth:`MZUCell.trace <seqzoo.mzu.MZUCell.trace>` does.
         """
         candidates, states = [], []
         for x_part in self.cells[0].x_proj(x):
             per_depth = []
             for depth, cell in enumerate(self.cells):
                 candidate, u = cell.candidate_and_gate(x_part if depth == 0 else None, h)
-                h = torch.lerp(h, cell.dropout(candidate), u)
+                candidate = cell.dropout(candidate)
+                h = torch.lerp(h, candidate, u)
                 per_depth.append(candidate)
             candidates.append(torch.stack(per_depth))
             states.append(h)

@@ -108,6 +108,21 @@ def test_plot_and_cli(trained, tmp_path, capsys):
     assert "plot-hidden reads classification and ABSA runs" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("name", "args"), [("mzu", {"composition": "gcn"}), ("gru_ln", {}), ("dtgru", {"transition_depth": 0})]
+)
+def test_trace_in_training_returns_the_candidate_the_state_takes(name, args):
+    """With dropout in training, the traced h̃ is the one after dropout, which the state moves towards
+    (h_t − h_{t−1} = u ⊙ (h̃_t − h_{t−1})); the DT-GRU's and GRU+LN's trace returned it before dropout."""
+    torch.manual_seed(0)
+    encoder = build_encoder(name, 5, hidden_size=8, dropout=0.5, **args).double().train()
+    candidates, states = encoder.trace(torch.randn(3, 9, 5, dtype=torch.float64))
+    previous = torch.cat([torch.zeros(3, 1, 8, dtype=torch.float64), states[:, :-1]], dim=1)
+    step, towards = states - previous, candidates[:, :, 0] - previous
+    assert (candidates == 0).any()  # dropout acted
+    assert torch.equal(step.sign(), towards.sign())
+
+
 @pytest.mark.parametrize(("name", "args"), [("gru_ln", {}), ("dtgru", {"transition_depth": 2})])
 def test_gru_trace_matches_the_encoder(name, args):
     """Figure 3(a) needs the GRU's candidates: the trace's states are the encoder's own outputs,
