@@ -8,6 +8,7 @@ from seqzoo.cli import main
 from seqzoo.data.io import write_json
 from seqzoo.runner import summarize
 from seqzoo.significance import compare_runs, student_t_two_sided_p, welch_t_test
+from seqzoo.training import mean_std
 
 
 @pytest.mark.parametrize("t", [0.0, 0.3, 1.0, 2.5, 40.0])
@@ -59,6 +60,17 @@ def _run(tmp_path, name, accuracies, losses):
     run_dir.mkdir()
     write_json(run_dir / "summary.json", summarize(runs))
     return run_dir
+
+
+def test_equal_values_have_no_spread_so_equal_runs_are_not_told_apart():
+    """0.7 × 3 summed in floats left a spread of 1e-16 and a mean of 0.6999999999999998: two runs
+    whose seeds all scored 0.7 then got p = 0.29, and 0.7 against 0.8 a finite t of 9e14."""
+    assert mean_std([0.7] * 3) == (0.7, 0.0)
+    assert welch_t_test([0.7] * 3, [0.7] * 5) == {"diff": 0.0, "t": 0.0, "df": None, "p": 1.0}
+    assert welch_t_test([0.7] * 3, [0.8] * 3)["t"] is None
+    mean, std = mean_std([90.52, 90.03, 90.84])
+    assert mean == pytest.approx(90.46333333333334, abs=1e-12) and std == pytest.approx(0.40796241656963, abs=1e-12)
+    assert mean_std([math.inf, 1.0])[0] == math.inf and math.isnan(mean_std([math.inf, 1.0])[1])
 
 
 def test_compare_command_reports_both_runs_and_the_test(tmp_path, capsys):
