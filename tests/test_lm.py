@@ -247,6 +247,22 @@ def test_loss_by_length_bucket_and_plot(corpus, tmp_path):
     assert path.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_length_plot_orders_the_buckets_of_all_runs_by_length(tmp_path, monkeypatch):
+    """Runs with different empty buckets were drawn on a categorical axis in order of appearance
+    (the second run's 0-19 after the first's 40+)."""
+    figures = []
+    monkeypatch.setattr("seqzoo.tasks.lm.save_figure", lambda fig, path: figures.append(fig) or path)
+
+    def bucket(low, high, bpc):
+        return {"min_length": low, "max_length": high, "bpc": bpc}
+
+    series = {"a": [bucket(20, 40, 2.0), bucket(40, None, 2.1)], "b": [bucket(0, 20, 1.5), bucket(20, 40, 1.9)]}
+    plot_length_buckets(series, tmp_path / "x.png", "bpc")
+    ax = figures[0].axes[0]
+    assert [tick.get_text() for tick in ax.get_xticklabels()] == ["0-19", "20-39", "40+"]
+    assert [list(line.get_xdata()) for line in ax.get_lines()] == [[1, 2], [0, 1]]
+
+
 def test_plot_lengths_cli(corpus, tmp_path, capsys):
     config = make_config(corpus, tmp_path, level="char", train={"epochs": 1})
     run(config, tmp_path / "r")

@@ -329,12 +329,18 @@ def plot_length_buckets(series: Mapping[str, Sequence[dict[str, Any]]], path: st
     """PNG of ``metric`` per length bucket, one line per model (``{label: loss_by_length_bucket(...)}``)."""
     fig = Figure(figsize=(6, 3.5))
     ax = fig.subplots()
+    # One x position per bucket of any run, in length order: runs may lack different (empty) buckets.
+    names = {
+        b["min_length"]: f"{b['min_length']}-{b['max_length'] - 1}"
+        if b["max_length"] is not None
+        else f"{b['min_length']}+"
+        for buckets in series.values()
+        for b in buckets
+    }
+    starts = sorted(names)
     for label, buckets in series.items():
-        names = [
-            f"{b['min_length']}-{b['max_length'] - 1}" if b["max_length"] is not None else f"{b['min_length']}+"
-            for b in buckets
-        ]
-        ax.plot(names, [b[metric] for b in buckets], "o-", label=label)
+        ax.plot([starts.index(b["min_length"]) for b in buckets], [b[metric] for b in buckets], "o-", label=label)
+    ax.set_xticks(range(len(starts)), [names[start] for start in starts])
     ax.set(xlabel="sequence length", ylabel=metric.upper(), title=f"{metric.upper()} by sequence length")
     ax.grid(alpha=0.3)
     ax.legend()
