@@ -79,10 +79,8 @@ class _TorchRNN(Encoder):
             # dtype does not depend on the mask.
             dtype = self.rnn.weight_ih_l0.dtype
             if out.dtype != dtype:
-                out, final = (
-                    out.to(dtype),
-                    tuple(t.to(dtype) for t in final) if isinstance(final, tuple) else final.to(dtype),
-                )
+                out = out.to(dtype)
+                final = tuple(t.to(dtype) for t in final) if isinstance(final, tuple) else final.to(dtype)
             return out, final
         lengths = lengths_from_mask(mask)
         x = zero_padding(x, mask)  # the unpacked run and an empty row's one packed step read pads
