@@ -167,8 +167,9 @@ class OptimConfig:
     # Epoch schedules multiply the LR by ``decay`` after every epoch ("exponential"), after an epoch
     # without a dev improvement ("plateau"), or after every epoch from epoch ``decay_start`` on
     # ("step_after": the first decay_start epochs, at least one, run at ``lr``). Step schedules decay
-    # it at every step from ``lr`` to ``min_lr`` at the run's last step, min(train.max_steps,
-    # train.epochs x steps per epoch): "linear", "cosine".
+    # it at every step from ``lr`` towards ``min_lr``, which it reaches when the run ends (step N of
+    # N = min(train.max_steps, train.epochs x steps per epoch) runs one decay step above it, as in
+    # torch's CosineAnnealingLR with T_max = N): "linear", "cosine".
     schedule: Literal["constant", "plateau", "exponential", "step_after", "linear", "cosine"] = "constant"
     decay: float = 0.5  # LR multiplier of the epoch schedules
     decay_start: int = 0  # step_after: epochs at the full LR (at least 1) before the first decayed one

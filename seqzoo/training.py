@@ -472,7 +472,7 @@ class Trainer:
         dev = task.evaluate("dev")
         value = dev[task.metric]
         best = state["best"]
-        improved = best is None or (value > best if task.higher_is_better else value < best)
+        improved = best is None or _better(value, best, task.higher_is_better)
         auxiliary = state["aux_sum"] / max(state["loss_count"], 1)
         record = {
             "event": "epoch",
@@ -580,6 +580,15 @@ def _stop_reason(loop: dict[str, Any], config: RunConfig) -> str | None:
 
 def _epochs_left(loop: dict[str, Any], config: RunConfig) -> bool:
     return _stop_reason(loop, config) is None
+
+
+def _better(value: float, best: float, higher_is_better: bool) -> bool:
+    """Whether the dev metric ``value`` beats ``best``; NaN (a diverged model) ranks below every
+    number, so a NaN epoch can be beaten (it beat nothing and nothing beat it: every comparison
+    with NaN is False)."""
+    if math.isnan(value):
+        return False
+    return math.isnan(best) or (value > best if higher_is_better else value < best)
 
 
 def _read_train_state(checkpoint: Path) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from conftest import metric_records, without_gpu
 from seqzoo.cli import main
 from seqzoo.config import load_config
 from seqzoo.runner import format_summary, run, summarize
-from seqzoo.training import TrainingError
+from seqzoo.training import StepLoss, Trainer, TrainingError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -493,6 +493,37 @@ def test_resume_from_a_damaged_checkpoint_names_the_file(toy_corpus, tmp_path, c
         expected = r"rng.safetensors: no 'torch' generator state in it"
     assert main(["train", "--resume", str(tmp_path / "r")]) == 2
     assert re.search(expected, capsys.readouterr().err)
+
+
+class _ScriptedDev:
+    """A task whose dev metric (lower is better) follows a script, one value per epoch."""
+
+    metric, higher_is_better = "ppl", False
+
+    def __init__(self, dev: list[float]) -> None:
+        self.model, self.dev = torch.nn.Linear(2, 1), iter(dev)
+
+    def train_batches(self, epoch: int) -> list[int]:
+        return [0, 1]
+
+    def train_loss(self, batch: int) -> StepLoss:
+        return StepLoss(self.model(torch.ones(1, 2)).square().mean(), 1, 1)
+
+    def evaluate(self, split: str) -> dict[str, float]:
+        return {"ppl": next(self.dev) if split == "dev" else 1.0}
+
+    def documents(self) -> dict:
+        return {}
+
+
+def test_a_nan_dev_metric_is_beaten_by_any_number(tmp_path):
+    """A NaN dev metric in epoch 1 became the best for good (every comparison with NaN is False):
+    best/ stayed at epoch 1 and patience counted every later epoch as bad."""
+    config = load_config(None, ["train.epochs=3", "train.patience=2", "train.progress=false", "optim.lr=0.1"])
+    Trainer(config, _ScriptedDev([math.nan, 300.0, 200.0]), tmp_path / "r").fit()
+    records = metric_records(tmp_path / "r")
+    assert [r["epoch"] for r in records if r["event"] == "epoch"] == [1, 2, 3]  # no early stop
+    assert records[-1]["best_epoch"] == 3
 
 
 def test_evaluate_run_trained_with_pretrained_vectors_of_another_size(toy_corpus, tmp_path, capsys):
