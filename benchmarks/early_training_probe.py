@@ -1,7 +1,8 @@
 """Early-training probe: training cross-entropy over the first steps of a recipe.
 
-Trains a config's model exactly as ``seqzoo train`` would (same seed, batches, optimiser, per-step
-learning rate and clipping) for ``--steps`` steps of its first epoch and prints, every ``--every``
+Trains a config's model exactly as ``seqzoo train`` would (same seed, the first of ``train.seeds``;
+same batches, optimiser, per-step learning rate, clipping and ``train.precision``, fp32 or bf16;
+tested against the trainer's step records) for ``--steps`` steps of its first epoch and prints, every ``--every``
 steps, the mean training cross-entropy in bits (dropout on, auxiliary losses such as the MZU's
 disagreement term reported separately, not included) and, when the recipe clips, the median
 gradient norm before clipping. Nothing is evaluated or written: it answers "does this variant learn
@@ -22,7 +23,16 @@ import time
 
 from seqzoo.config import load_config
 from seqzoo.runner import task_module
-from seqzoo.training import build_optimizer, scheduled_lr, set_seed, set_threads, total_steps, update
+from seqzoo.training import (
+    autocast,
+    build_optimizer,
+    model_device,
+    scheduled_lr,
+    set_seed,
+    set_threads,
+    total_steps,
+    update,
+)
 
 
 def main() -> None:
@@ -33,8 +43,10 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
     cfg = load_config(args.config, args.set)
+    if cfg.train.precision == "fp16":  # the trainer's loss scaling is not reproduced here
+        parser.error("the probe runs train.precision fp32 or bf16, not fp16")
     set_threads(cfg.train)
-    set_seed(cfg.train.seed)
+    set_seed((cfg.train.seeds or [cfg.train.seed])[0])  # the first seed's run, as seqzoo train's first
     tasks = task_module(cfg.task).build_tasks(cfg)
     if len(tasks) != 1:
         parser.error(f"{args.config}: the probe needs a single task (no folds), got {len(tasks)}")
@@ -53,7 +65,8 @@ def main() -> None:
     if budget < args.every:
         print(f"no row: --every {args.every} is more than the {budget} steps")
     for index in range(budget):
-        step = task.train_loss(batches[index])
+        with autocast(cfg.train.precision, model_device(model)):  # the forward pass, as the trainer's
+            step = task.train_loss(batches[index])
         for group in optimizer.param_groups:  # warm-up and step schedules, as the trainer sets them
             group["lr"] = scheduled_lr(cfg.optim, cfg.optim.lr, index, steps)
         norms.append(update(model, optimizer, step.loss, cfg.optim.clip_norm))

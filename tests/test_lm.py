@@ -4,6 +4,7 @@ import dataclasses
 import json
 import math
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -261,6 +262,32 @@ def test_length_plot_orders_the_buckets_of_all_runs_by_length(tmp_path, monkeypa
     ax = figures[0].axes[0]
     assert [tick.get_text() for tick in ax.get_xticklabels()] == ["0-19", "20-39", "40+"]
     assert [list(line.get_xdata()) for line in ax.get_lines()] == [[1, 2], [0, 1]]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_early_training_probe_trains_as_seqzoo_train_does(corpus, tmp_path, capsys, monkeypatch, precision):
+    """benchmarks/early_training_probe.py claims seqzoo train's steps: its mean training cross-entropy
+    over the first steps equals the train_loss of the trainer's step record (same seed, batches,
+    optimiser, precision); it seeded from train.seed where a config lists train.seeds."""
+    import runpy
+
+    import yaml
+
+    from seqzoo.config import config_to_dict
+
+    config = make_config(corpus, tmp_path, train={"log_every": 5, "seeds": [7, 8], "seed": 1, "epochs": 1})
+    config.train.precision = precision
+    path = tmp_path / "probe.yaml"
+    values = config_to_dict(config)
+    values["train"].pop("seed", None)
+    path.write_text(yaml.safe_dump(values))
+    monkeypatch.setattr("sys.argv", ["probe", str(path), "--steps", "5", "--every", "5"])
+    runpy.run_path(str(Path(__file__).parent.parent / "benchmarks/early_training_probe.py"), run_name="__main__")
+    probe_bits = float(re.search(r"step 5: train CE ([0-9.]+) bits", capsys.readouterr().out).group(1))
+    config.train.seeds, config.train.seed = [], 7  # the first seed's run alone
+    run(config, tmp_path / "r")
+    record = next(r for r in metric_records(tmp_path / "r") if r["event"] == "step" and r["step"] == 5)
+    assert probe_bits == pytest.approx(record["train_loss"] / math.log(2), abs=1e-3)
 
 
 def test_plot_lengths_cli(corpus, tmp_path, capsys):
