@@ -16,6 +16,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from seqzoo.base import module_mode
 from seqzoo.data.batching import pad_batch
 from seqzoo.plots import save_figure
 from seqzoo.training import model_device
@@ -57,11 +58,9 @@ def hidden_states(task, text: str, channels: int | None = None) -> HiddenStates:
     if not tokens:
         raise ValueError("the document has no tokens")
     ids, mask = pad_batch([task.vocab.encode(tokens)])
-    was_training = model.training
-    model.eval()
     device = model_device(model)
-    outputs, _ = model.encoder(model.embedding(ids.to(device)), mask.to(device))  # (1, T, D)
-    model.train(was_training)
+    with module_mode(model, training=False):
+        outputs, _ = model.encoder(model.embedding(ids.to(device)), mask.to(device))  # (1, T, D)
     states = outputs[0].cpu()
     keep = torch.arange(states.shape[1])
     if channels is not None:

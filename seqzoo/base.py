@@ -22,11 +22,12 @@ return it from :meth:`Encoder.auxiliary_loss`; trainers add it to the task loss.
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import inspect
 import numbers
 import types
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -50,6 +51,7 @@ __all__ = [
     "describe_state",
     "detach_state",
     "lengths_from_mask",
+    "module_mode",
     "register_encoder",
     "reverse_padded",
     "takes_all_real_shortcut",
@@ -220,6 +222,18 @@ def check_state_dtype(tensors: Iterable[Tensor | None], weight: Tensor, device_t
     for tensor in tensors:
         if tensor is not None and tensor.dtype != weight.dtype:
             raise TypeError(f"state is {tensor.dtype} but the encoder's weights are {weight.dtype}")
+
+
+@contextlib.contextmanager
+def module_mode(module: nn.Module, *, training: bool) -> Iterator[nn.Module]:
+    """``module`` in training (or eval) mode inside the block, and in its own mode again after it,
+    also when the block raises: ``with module_mode(model, training=False): ...`` to evaluate."""
+    was_training = module.training
+    module.train(training)
+    try:
+        yield module
+    finally:
+        module.train(was_training)
 
 
 def detach_state(state: State) -> State:

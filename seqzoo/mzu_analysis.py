@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from seqzoo.base import module_mode
 from seqzoo.data.text import warn_outside_vocabulary
 from seqzoo.dtgru import DeepTransitionGRU
 from seqzoo.mzu import MZU, MFunction
@@ -71,12 +72,10 @@ def zone_relevance(task, text: str, depth: int = 0) -> ZoneRelevance:
         raise ValueError(f"zone relevance reads characters; this model is {task.level}-level")
     if len(text) < 2:
         raise ValueError("the text needs at least two characters")
-    was_training = task.model.training
-    task.model.eval()
     warn_outside_vocabulary(list(text), task.vocab, "characters")
     ids = torch.tensor([task.vocab.encode(list(text))], device=model_device(task.model))
-    candidates, states = (t.cpu() for t in encoder.trace(task.model.embedding(ids)))
-    task.model.train(was_training)
+    with module_mode(task.model, training=False):
+        candidates, states = (t.cpu() for t in encoder.trace(task.model.embedding(ids)))
     if not 0 <= depth < candidates.shape[2]:
         raise ValueError(f"depth must be in [0, {candidates.shape[2] - 1}], got {depth}")
     cand, state = candidates[0, :, depth], states[0]

@@ -39,7 +39,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqzoo.base import check_arguments, check_padding_mask, check_rate, lengths_from_mask, reverse_padded
+from seqzoo.base import (
+    check_arguments,
+    check_padding_mask,
+    check_rate,
+    lengths_from_mask,
+    module_mode,
+    reverse_padded,
+)
 from seqzoo.baselines import LSTM
 from seqzoo.kernels import qrnn_pool, window_linear
 from seqzoo.qrnn import QRNNLayer, last_inputs
@@ -333,53 +340,52 @@ def beam_search(
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
     if max_len is not None and max_len < 1:
         raise ValueError(f"max_len must be >= 1 (None: twice each source's length + 10), got {max_len}")
-    was_training = model.training
-    model.eval()
-    batch, k = src.shape[0], beam_size
-    src_lengths = lengths_from_mask(src_mask)
-    target_lengths = (src_lengths + 5).tolist()
-    limits = [max_len] * batch if max_len is not None else (2 * src_lengths + 10).tolist()
-    closed = [False] * batch  # rows whose limit came first: live hypotheses scored as they stood
-    encoded = model.encode(src, src_mask).repeat(k)
-    scores = torch.full((batch, k), float("-inf"), device=src.device)
-    scores[:, 0] = 0.0  # the first step expands one hypothesis per row
-    history = src.new_zeros(batch, k, 0)  # tokens of the live hypotheses (B, K, step - 1)
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
-    last, state = src.new_full((batch * k, 1), bos_id), None
-    offsets = torch.arange(batch, device=src.device).unsqueeze(1) * k  # (B, 1) first flat row of each sentence
-    for step in range(1, max(limits) + 1):
-        logits, state = model.decode(last, encoded, state=state)
-        log_probs = F.log_softmax(logits[:, 0].float(), -1)
-        log_probs[:, [model.pad_id, bos_id]] = float("-inf")
-        vocab = log_probs.shape[-1]
-        candidates = (scores.unsqueeze(-1) + log_probs.view(batch, k, vocab)).view(batch, -1)
-        top_scores, top_index = candidates.topk(min(2 * k, candidates.shape[1]), -1)  # (B, 2K), best first
-        beams, tokens = top_index // vocab, top_index % vocab
-        ends = (tokens == eos_id) & torch.isfinite(top_scores)
-        # candidates are taken best first until K continue; <eos> ones met before that end hypotheses
-        continuing_before = torch.cumsum(~ends, 1) - (~ends).long()
-        for b, j in (ends & (continuing_before < k)).nonzero().tolist():
-            if len(finished[b]) < k:
-                score = length_normalized_score(float(top_scores[b, j]), step, target_lengths[b], alpha)
-                finished[b].append((score, history[b, int(beams[b, j])].tolist()))
-        done = [len(f) >= k or c for f, c in zip(finished, closed, strict=True)]
-        if all(done):
-            break
-        keep = torch.sort(ends.int(), dim=1, stable=True).indices[:, :k]  # the first K continuing candidates
-        beams, tokens = beams.gather(1, keep), tokens.gather(1, keep)
-        scores = top_scores.gather(1, keep).masked_fill(torch.tensor(done, device=src.device)[:, None], float("-inf"))
-        history = torch.cat([history.gather(1, beams.unsqueeze(-1).expand_as(history)), tokens.unsqueeze(-1)], -1)
-        for b in range(batch):
-            if step == limits[b] and not done[b]:  # out of steps: live hypotheses compete as they stand
-                finished[b].extend(
-                    (length_normalized_score(s, step, target_lengths[b], alpha), h)
-                    for s, h in zip(scores[b].tolist(), history[b].tolist(), strict=True)
-                    if s > float("-inf")
-                )
-                closed[b] = True
-                scores[b] = float("-inf")
-        rows = (offsets + beams).view(-1)
-        state = [(a.index_select(0, rows), b.index_select(0, rows)) for a, b in state]
-        last = tokens.view(-1, 1)
-    model.train(was_training)
+    with module_mode(model, training=False):
+        batch, k = src.shape[0], beam_size
+        src_lengths = lengths_from_mask(src_mask)
+        target_lengths = (src_lengths + 5).tolist()
+        limits = [max_len] * batch if max_len is not None else (2 * src_lengths + 10).tolist()
+        closed = [False] * batch  # rows whose limit came first: live hypotheses scored as they stood
+        encoded = model.encode(src, src_mask).repeat(k)
+        scores = torch.full((batch, k), float("-inf"), device=src.device)
+        scores[:, 0] = 0.0  # the first step expands one hypothesis per row
+        history = src.new_zeros(batch, k, 0)  # tokens of the live hypotheses (B, K, step - 1)
+        finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
+        last, state = src.new_full((batch * k, 1), bos_id), None
+        offsets = torch.arange(batch, device=src.device).unsqueeze(1) * k  # (B, 1) first flat row of each sentence
+        for step in range(1, max(limits) + 1):
+            logits, state = model.decode(last, encoded, state=state)
+            log_probs = F.log_softmax(logits[:, 0].float(), -1)
+            log_probs[:, [model.pad_id, bos_id]] = float("-inf")
+            vocab = log_probs.shape[-1]
+            candidates = (scores.unsqueeze(-1) + log_probs.view(batch, k, vocab)).view(batch, -1)
+            top_scores, top_index = candidates.topk(min(2 * k, candidates.shape[1]), -1)  # (B, 2K), best first
+            beams, tokens = top_index // vocab, top_index % vocab
+            ends = (tokens == eos_id) & torch.isfinite(top_scores)
+            # candidates are taken best first until K continue; <eos> ones met before that end hypotheses
+            continuing_before = torch.cumsum(~ends, 1) - (~ends).long()
+            for b, j in (ends & (continuing_before < k)).nonzero().tolist():
+                if len(finished[b]) < k:
+                    score = length_normalized_score(float(top_scores[b, j]), step, target_lengths[b], alpha)
+                    finished[b].append((score, history[b, int(beams[b, j])].tolist()))
+            done = [len(f) >= k or c for f, c in zip(finished, closed, strict=True)]
+            if all(done):
+                break
+            keep = torch.sort(ends.int(), dim=1, stable=True).indices[:, :k]  # the first K continuing candidates
+            beams, tokens = beams.gather(1, keep), tokens.gather(1, keep)
+            closed_rows = torch.tensor(done, device=src.device)[:, None]
+            scores = top_scores.gather(1, keep).masked_fill(closed_rows, float("-inf"))
+            history = torch.cat([history.gather(1, beams.unsqueeze(-1).expand_as(history)), tokens.unsqueeze(-1)], -1)
+            for b in range(batch):
+                if step == limits[b] and not done[b]:  # out of steps: live hypotheses compete as they stand
+                    finished[b].extend(
+                        (length_normalized_score(s, step, target_lengths[b], alpha), h)
+                        for s, h in zip(scores[b].tolist(), history[b].tolist(), strict=True)
+                        if s > float("-inf")
+                    )
+                    closed[b] = True
+                    scores[b] = float("-inf")
+            rows = (offsets + beams).view(-1)
+            state = [(a.index_select(0, rows), b.index_select(0, rows)) for a, b in state]
+            last = tokens.view(-1, 1)
     return [max(f, key=lambda pair: pair[0])[1] if f else [] for f in finished]

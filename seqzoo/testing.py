@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from seqzoo.base import Encoder, detach_state
+from seqzoo.base import Encoder, detach_state, module_mode
 
 __all__ = [
     "assert_batch_invariant",
@@ -85,13 +85,11 @@ def assert_padding_gradients(encoder: Encoder, lengths: list[int], seed: int = 0
     x, mask = _nan_padded(encoder, lengths, seed)
     x.requires_grad_(True)
     named = [(name, p) for name, p in encoder.named_parameters() if p.requires_grad]
-    was_training = encoder.training
-    with torch.random.fork_rng(devices=[x.device.index or 0] if x.is_cuda else []):
-        encoder.train()
-        try:
-            out, _ = encoder(x, mask)
-        finally:
-            encoder.train(was_training)
+    with (
+        torch.random.fork_rng(devices=[x.device.index or 0] if x.is_cuda else []),
+        module_mode(encoder, training=True),
+    ):
+        out, _ = encoder(x, mask)
     dx, *grads = torch.autograd.grad(out[mask].sum(), [x, *(p for _, p in named)], allow_unused=True)
     bad = [name for (name, _), g in zip(named, grads, strict=True) if g is not None and not g.isfinite().all()]
     if bad:
@@ -134,17 +132,13 @@ def assert_stateful_chunks(
 def assert_contract(encoder: Encoder, atol: float = 1e-5) -> None:
     """All invariants that apply to ``encoder`` (stateful chunking only for causal ones): in eval mode,
     except the gradient check (:func:`assert_padding_gradients`)."""
-    was_training = encoder.training
-    encoder.eval()
-    try:
+    with module_mode(encoder, training=False):
         with torch.no_grad():
             assert_padding_invariant(encoder, [7, 3, 1, 5, 0], atol)
             assert_batch_invariant(encoder, atol)
             if encoder.causal and encoder.stateful:
                 assert_stateful_chunks(encoder, atol=atol)
         assert_padding_gradients(encoder, [7, 3, 1, 5, 0])
-    finally:
-        encoder.train(was_training)
 
 
 def _randn(encoder: Encoder, gen: torch.Generator, batch: int, time: int) -> Tensor:

@@ -235,6 +235,22 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+def test_predict_and_evaluate_give_the_model_its_mode_back(toy_corpus, tmp_path):
+    """predict() left a classifier in eval mode (dropout off for any training after it)."""
+    from seqzoo.base import module_mode
+    from seqzoo.runner import load_task
+
+    run(load_config(_config_yaml(toy_corpus, tmp_path), ["train.epochs=1"]), tmp_path / "r")
+    task = load_task(tmp_path / "r")
+    task.model.train()
+    task.predict(["a superb film"])
+    task.evaluate("dev")
+    assert task.model.training
+    with pytest.raises(RuntimeError), module_mode(task.model, training=False):  # also when the block raises
+        raise RuntimeError
+    assert all(module.training for module in task.model.modules())
+
+
 @pytest.mark.parametrize(
     "schedule",
     [[], ["optim.schedule=linear", "optim.warmup_steps=15"], ["train.precision=bf16"]],

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqzoo.base import build_encoder
+from seqzoo.base import build_encoder, module_mode
 from seqzoo.config import ABSADataConfig, RunConfig, names_config_errors, with_recipe_arguments
 from seqzoo.data.absa import POLARITIES, AspectExample, hard_subset, hold_out_sentences, read_semeval2014
 from seqzoo.data.batching import bucket_batches, pad_batch
@@ -217,7 +217,6 @@ class ABSATask:
         """``seqzoo predict``: each text is ``sentence<TAB>aspect term``; gives the aspect, its most
         probable polarity and each polarity's probability. A text without the tab raises a
         :class:`DataError` with its (1-based) position as ``line``."""
-        self.model.eval()
         pairs = []
         for line, text in enumerate(texts, 1):
             sentence, _, aspect = text.partition("\t")
@@ -227,13 +226,14 @@ class ABSATask:
         unk = [self.vocab.token_to_id(Vocab.UNK)]
         results: list[dict[str, Any]] = []
         size = self.config.train.eval_batch_size
-        for start in range(0, len(pairs), size):
-            chunk = pairs[start : start + size]
-            ids, mask = pad_batch([self.vocab.encode(self.tokenizer(s)) or unk for s, _ in chunk])
-            aspect_ids, aspect_mask = pad_batch([self.vocab.encode(self.tokenizer(a)) or unk for _, a in chunk])
-            tensors = (t.to(self.device) for t in (ids, mask, aspect_ids, aspect_mask))
-            rows = class_probabilities(self.model(*tensors), POLARITIES)
-            results.extend({"aspect": aspect, **row} for (_, aspect), row in zip(chunk, rows, strict=True))
+        with module_mode(self.model, training=False):
+            for start in range(0, len(pairs), size):
+                chunk = pairs[start : start + size]
+                ids, mask = pad_batch([self.vocab.encode(self.tokenizer(s)) or unk for s, _ in chunk])
+                aspect_ids, aspect_mask = pad_batch([self.vocab.encode(self.tokenizer(a)) or unk for _, a in chunk])
+                tensors = (t.to(self.device) for t in (ids, mask, aspect_ids, aspect_mask))
+                rows = class_probabilities(self.model(*tensors), POLARITIES)
+                results.extend({"aspect": aspect, **row} for (_, aspect), row in zip(chunk, rows, strict=True))
         return results
 
     def documents(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqzoo.base import build_encoder
+from seqzoo.base import build_encoder, module_mode
 from seqzoo.config import ClassificationDataConfig, ModelConfig, RunConfig, names_config_errors, with_recipe_arguments
 from seqzoo.data.batching import bucket_batches, pad_batch
 from seqzoo.data.classification import ClassificationData, LabeledText, LabelSet, bundled_corpus_dir
@@ -139,14 +139,14 @@ class ClassificationTask:
     @torch.no_grad()
     def predict(self, texts: list[str]) -> list[dict[str, Any]]:
         """Label and class probabilities for raw texts."""
-        self.model.eval()
         ids = [self.vocab.encode(self._tokens(t)) or [self.vocab.token_to_id(Vocab.UNK)] for t in texts]
         results: list[dict[str, Any]] = []
         size = self.config.train.eval_batch_size
-        for start in range(0, len(ids), size):
-            batch, mask = pad_batch(ids[start : start + size])
-            logits = self.model(batch.to(self.device), mask.to(self.device))
-            results.extend(class_probabilities(logits, list(self.labels)))
+        with module_mode(self.model, training=False):
+            for start in range(0, len(ids), size):
+                batch, mask = pad_batch(ids[start : start + size])
+                logits = self.model(batch.to(self.device), mask.to(self.device))
+                results.extend(class_probabilities(logits, list(self.labels)))
         return results
 
     def documents(self) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqzoo.base import module_mode
 from seqzoo.data.embeddings import load_vectors
 from seqzoo.data.text import Vocab
 
@@ -47,16 +48,12 @@ def accuracy_and_loss(model: nn.Module, logits_and_labels: Iterable[tuple[Tensor
 
     ``model`` is in eval mode while the batches are computed and gets its mode back afterwards.
     """
-    was_training = model.training
-    model.eval()
     correct, loss_sum, n = 0, 0.0, 0
-    try:
+    with module_mode(model, training=False):
         for logits, labels in logits_and_labels:
             loss_sum += F.cross_entropy(logits, labels, reduction="sum").item()
             correct += int((logits.argmax(-1) == labels).sum())
             n += len(labels)
-    finally:
-        model.train(was_training)
     return {"accuracy": correct / max(n, 1), "loss": loss_sum / max(n, 1)}
 
 

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
-from seqzoo.base import State, build_encoder, detach_state
+from seqzoo.base import State, build_encoder, detach_state, module_mode
 from seqzoo.config import LMDataConfig, ModelConfig, RunConfig, names_config_errors, with_recipe_arguments
 from seqzoo.data.errors import DataError
 from seqzoo.data.io import require_file
@@ -203,24 +203,22 @@ class LMTask:
         rows, width = streams.shape
         nll = torch.full((ids.numel(),), math.nan, dtype=torch.float64)
         within = nll[: streams.numel()].view(rows, width)  # the rows' own tokens
-        was_training = self.model.training
-        self.model.eval()
-        state: State = None
-        starts = range(0, width - 1, data.bptt)
-        for start, (x, y) in zip(starts, tbptt_batches(streams, data.bptt), strict=True):
-            logits, state = self.model(x, state)
-            within[:, start + 1 : start + 1 + y.shape[1]] = _token_nll(logits, y).cpu()
-        # Row b goes on with the first token of row b + 1, the last row with the R < B tokens that
-        # batchify dropped (every row reads those; only the last row's predictions are kept).
-        rest = ids[streams.numel() :].to(self.device)  # (R,)
-        logits, state = self.model(streams[:, -1:], state)  # (B, 1, V): what follows each row
-        nll[width : streams.numel() : width] = _token_nll(logits[:-1], streams[1:, :1]).view(-1).cpu()
-        if rest.numel():
-            nll[streams.numel()] = _token_nll(logits[-1:], rest[:1].view(1, 1)).item()
-        if rest.numel() > 1:
-            logits, _ = self.model(rest[:-1].expand(rows, -1), state)  # (B, R - 1, V)
-            nll[streams.numel() + 1 :] = _token_nll(logits[-1:], rest[1:].view(1, -1)).view(-1).cpu()
-        self.model.train(was_training)
+        with module_mode(self.model, training=False):
+            state: State = None
+            starts = range(0, width - 1, data.bptt)
+            for start, (x, y) in zip(starts, tbptt_batches(streams, data.bptt), strict=True):
+                logits, state = self.model(x, state)
+                within[:, start + 1 : start + 1 + y.shape[1]] = _token_nll(logits, y).cpu()
+            # Row b goes on with the first token of row b + 1, the last row with the R < B tokens that
+            # batchify dropped (every row reads those; only the last row's predictions are kept).
+            rest = ids[streams.numel() :].to(self.device)  # (R,)
+            logits, state = self.model(streams[:, -1:], state)  # (B, 1, V): what follows each row
+            nll[width : streams.numel() : width] = _token_nll(logits[:-1], streams[1:, :1]).view(-1).cpu()
+            if rest.numel():
+                nll[streams.numel()] = _token_nll(logits[-1:], rest[:1].view(1, 1)).item()
+            if rest.numel() > 1:
+                logits, _ = self.model(rest[:-1].expand(rows, -1), state)  # (B, R - 1, V)
+                nll[streams.numel() + 1 :] = _token_nll(logits[-1:], rest[1:].view(1, -1)).view(-1).cpu()
         return nll
 
     def evaluate(self, split: str) -> dict[str, float]:
@@ -373,22 +371,21 @@ def sample(
     warn_outside_vocabulary(context, vocab, "prime tokens")
     ids = vocab.encode(context) or [task.line_end_id if task.line_end_id is not None else vocab.unk_id]
     generator = torch.Generator().manual_seed(seed)
-    was_training = model.training
-    model.eval()
-    logits, state = model(torch.tensor([ids], device=task.device))
-    drawn: list[int] = []
-    for _ in range(length):
-        scaled = logits[0, -1].cpu()  # drawn on the CPU: the same text on any device
-        scaled[vocab.pad_id] = -math.inf
-        if task.level == "char":
-            scaled[vocab.unk_id] = -math.inf
-        probs = torch.softmax((scaled - scaled.max()) / temperature, -1)  # a tiny temperature: greedy, not inf / inf
-        if top_p < 1:  # drop each token once the more probable ones hold top_p
-            ranked, order = probs.sort(descending=True)
-            probs[order[ranked.cumsum(0) - ranked >= top_p]] = 0.0
-        drawn.append(int(torch.multinomial(probs, 1, generator=generator)))
-        logits, state = model(torch.tensor([[drawn[-1]]], device=task.device), state)
-    model.train(was_training)
+    with module_mode(model, training=False):
+        logits, state = model(torch.tensor([ids], device=task.device))
+        drawn: list[int] = []
+        for _ in range(length):
+            scaled = logits[0, -1].cpu()  # drawn on the CPU: the same text on any device
+            scaled[vocab.pad_id] = -math.inf
+            if task.level == "char":
+                scaled[vocab.unk_id] = -math.inf
+            # minus the maximum: a tiny temperature is greedy, not inf / inf
+            probs = torch.softmax((scaled - scaled.max()) / temperature, -1)
+            if top_p < 1:  # drop each token once the more probable ones hold top_p
+                ranked, order = probs.sort(descending=True)
+                probs[order[ranked.cumsum(0) - ranked >= top_p]] = 0.0
+            drawn.append(int(torch.multinomial(probs, 1, generator=generator)))
+            logits, state = model(torch.tensor([[drawn[-1]]], device=task.device), state)
     tokens = vocab.decode(drawn)
     if task.level == "char":
         return prime + "".join(tokens)

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from seqzoo.base import module_mode
 from seqzoo.config import ConfigError, RunConfig, TranslationDataConfig, names_config_errors, with_recipe_arguments
 from seqzoo.data.batching import bucket_batches, pad_batch
 from seqzoo.data.errors import DataError
@@ -138,14 +139,11 @@ class TranslationTask:
         if split not in self.ids:
             raise ValueError(f"split {split!r} is not loaded (loaded: {', '.join(self.ids) or 'none'})")
         size = self.config.train.eval_batch_size
-        was_training = self.model.training
-        self.model.eval()
         nll, targets = 0.0, 0
-        with torch.no_grad():
+        with module_mode(self.model, training=False), torch.no_grad():
             for indices in bucket_batches([len(t) for _, t in self.ids[split]], size, shuffle=False):
                 batch_nll, batch_targets, _ = self._nll(split, indices)
                 nll, targets = nll + float(batch_nll), targets + batch_targets
-        self.model.train(was_training)
         sources, references = zip(*self.pairs[split], strict=True)
         scores, self.signatures = corpus_scores(self.translate(list(sources)), list(references))
         return {"loss": nll / targets, **scores}
