@@ -327,6 +327,7 @@ def beam_search(
     beam_size: int = 8,
     alpha: float = 0.6,
     max_len: int | None = None,
+    banned: Sequence[int] = (),
 ) -> list[list[int]]:
     """The best translation of each source row (ids without ``<bos>`` / ``<eos>``).
 
@@ -335,6 +336,7 @@ def beam_search(
     once it has ``beam_size`` finished hypotheses, or after ``max_len`` tokens (default: twice its
     own source length + 10, so a row decodes alike in any batch), when its live hypotheses are
     scored as they stand; the best finished one wins. ``beam_size=1`` is greedy decoding.
+    ``<pad>``, ``<bos>`` and the ``banned`` ids (a character task's ``<unk>``) are never emitted.
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
@@ -356,7 +358,7 @@ def beam_search(
         for step in range(1, max(limits) + 1):
             logits, state = model.decode(last, encoded, state=state)
             log_probs = F.log_softmax(logits[:, 0].float(), -1)
-            log_probs[:, [model.pad_id, bos_id]] = float("-inf")
+            log_probs[:, [model.pad_id, bos_id, *banned]] = float("-inf")
             vocab = log_probs.shape[-1]
             candidates = (scores.unsqueeze(-1) + log_probs.view(batch, k, vocab)).view(batch, -1)
             top_scores, top_index = candidates.topk(min(2 * k, candidates.shape[1]), -1)  # (B, 2K), best first

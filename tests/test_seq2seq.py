@@ -220,6 +220,17 @@ def test_beam_search_max_len_is_the_limit_and_must_be_positive():
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_banned_tokens_are_never_emitted(kind):
+    """The translation task bans <unk>, which would print as five characters."""
+    model = _model(1, kind)
+    src, src_mask = pad_batch([[4, 5, 6, 7], [8, 9]])
+    free = beam_search(model, src, src_mask, BOS, EOS, beam_size=3, max_len=12)
+    token = free[0][0]
+    banned = beam_search(model, src, src_mask, BOS, EOS, beam_size=3, max_len=12, banned=[token])
+    assert all(token not in out for out in banned) and banned != free
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_row_decodes_alike_alone_and_in_any_batch(kind):
     """Each row's step limit is its own (twice its source + 10), not that of the batch's longest source."""
     model = _model(1, kind)

@@ -163,6 +163,7 @@ class TranslationTask:
                 self.eos_id,
                 beam_size or data.beam_size,
                 data.length_alpha if alpha is None else alpha,
+                banned=[self.vocab.unk_id],  # it would print as the five characters "<unk>"
             )
             for i, hypothesis in zip(indices, best, strict=True):
                 out[i] = "".join(self.vocab.decode(hypothesis))
