@@ -92,4 +92,6 @@ def shared_data() -> Path:
     root = os.environ.get("SEQZOO_DATA")
     if not root:
         pytest.skip("SEQZOO_DATA is not set: real-corpus integration tests need it (see README)")
+    if not Path(root).is_dir():  # the README's command names ../shared/data, which a new machine lacks
+        pytest.skip(f"SEQZOO_DATA={root} is no directory: real-corpus integration tests need it (see README)")
     return Path(root)
