@@ -117,14 +117,14 @@ def per_seed(results: dict[str, dict[str, float]]) -> dict[str, dict[str, float]
 
 def summarize(results: dict[str, dict[str, float]]) -> dict[str, Any]:
     """Mean ± sample std of each test metric over the seeds (each seed's folds averaged first,
-    :func:`per_seed`); ``runs`` keeps every sub-run's metrics."""
+    :func:`per_seed`; the std of a single seed is None); ``runs`` keeps every sub-run's metrics."""
     seeds = per_seed(results)
     keys = sorted({k for r in seeds.values() for k in r})
     stats = {}
     for key in keys:
         values = [r[key] for r in seeds.values() if key in r]
         mean, std = mean_std(values)
-        stats[key] = {"mean": mean, "std": std, "n": len(values)}
+        stats[key] = {"mean": mean, "std": std if len(values) > 1 else None, "n": len(values)}  # None: JSON null
     return {"runs": results, "metrics": stats}
 
 
@@ -140,8 +140,8 @@ def format_summary(summary: dict[str, Any]) -> list[str]:
     for key, s in summary["metrics"].items():
         scale, unit, decimals = (100.0, "%", 2) if "accuracy" in key else (1.0, "", 3)
         counts = all(isinstance(run[key], int) for run in summary["runs"].values() if key in run)
-        if counts and float(s["mean"]).is_integer() and float(s["std"]).is_integer():  # (fold means may not be)
-            decimals = 0
+        if counts and all(float(s[k]).is_integer() for k in ("mean", "std") if s[k] is not None):  # (fold means
+            decimals = 0  # may not be)
         spread = f" ± {s['std'] * scale:.{decimals}f}{unit}" if s["n"] > 1 else ""
         lines.append(f"{key}: {s['mean'] * scale:.{decimals}f}{unit}{spread} (n={s['n']})")
     return lines

@@ -158,8 +158,9 @@ def format_comparison(records: list[dict[str, Any]]) -> list[str]:
     lines = []
     for r in records:
         scale = 100.0 if "accuracy" in r["metric"] else 1.0
-        side_a = f"A {r['mean_a'] * scale:.3f} ± {r['std_a'] * scale:.3f} (n={len(r['a'])})"
-        side_b = f"B {r['mean_b'] * scale:.3f} ± {r['std_b'] * scale:.3f} (n={len(r['b'])})"
+        side_a, side_b = (
+            _side(name, r[f"mean_{key}"], r[f"std_{key}"], len(r[key]), scale) for name, key in (("A", "a"), ("B", "b"))
+        )
         line = f"{r['metric']}: {side_a} vs {side_b}, B − A {(r['mean_b'] - r['mean_a']) * scale:+.3f}"
         test = r["welch"]
         if test is None:
@@ -169,6 +170,12 @@ def format_comparison(records: list[dict[str, Any]]) -> list[str]:
             line += f"; Welch t = {t}, df = {df}, p = {p}"
         lines.append(line)
     return lines
+
+
+def _side(name: str, mean: float, std: float | None, n: int, scale: float) -> str:
+    """``A mean ± std (n)``; a single seed has no spread to show."""
+    spread = f" ± {std * scale:.3f}" if n > 1 and std is not None else ""
+    return f"{name} {mean * scale:.3f}{spread} (n={n})"
 
 
 def _number(value: float | None, spec: str) -> str:

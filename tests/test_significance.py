@@ -71,6 +71,7 @@ def test_equal_values_have_no_spread_so_equal_runs_are_not_told_apart():
     mean, std = mean_std([90.52, 90.03, 90.84])
     assert mean == pytest.approx(90.46333333333334, abs=1e-12) and std == pytest.approx(0.40796241656963, abs=1e-12)
     assert mean_std([math.inf, 1.0])[0] == math.inf and math.isnan(mean_std([math.inf, 1.0])[1])
+    assert mean_std([0.7])[0] == 0.7 and math.isnan(mean_std([0.7])[1])  # one value has no sample std
 
 
 def test_compare_command_reports_both_runs_and_the_test(tmp_path, capsys):
@@ -110,7 +111,11 @@ def test_compare_errors_name_the_run(tmp_path, capsys):
     assert "missing: no summary.json" in capsys.readouterr().err
     single = _run(tmp_path, "b", [0.8], [0.4])
     assert main(["compare", str(a), str(single)]) == 0
-    assert "no test (a side has one seed)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "no test (a side has one seed)" in out
+    assert "A 90.000 (n=1) vs B 80.000 (n=1)" in out  # one seed has no spread: no "± 0.000"
+    assert main(["compare", str(a), str(single), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["std_a"] is None
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "summary.json").write_text("{}")
     assert main(["compare", str(a), str(tmp_path / "bad")]) == 2
