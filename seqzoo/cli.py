@@ -308,11 +308,16 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("config", nargs="?", help="YAML config (default: BiLSTM on the bundled movie_snippets corpus)")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     train.add_argument("--run-dir", help="run directory (default: OUTPUT_DIR/NAME[-N])")
-    train.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run")
+    train.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue a run from its last/ checkpoint: an interrupted one, or one given more epochs or a "
+        "relaxed early stopping with --set",
+    )
     train.set_defaults(func=_train)
     evaluate = sub.add_parser("evaluate", help="evaluate the best checkpoint(s) of a run")
-    evaluate.add_argument("run_dir")
-    evaluate.add_argument("--split", default="test", choices=["train", "dev", "test"])
+    evaluate.add_argument("run_dir", help="a run, or a folder of runs (each summarised apart)")
+    evaluate.add_argument("--split", default="test", choices=["train", "dev", "test"], help="(default: test)")
     evaluate.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=MOVED_DATA_HELP)
     evaluate.set_defaults(func=_evaluate)
     predict = sub.add_parser(
@@ -366,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.set_defaults(func=_compare)
     bench = sub.add_parser("bench", help="benchmarks: seqzoo bench encoders|mzu --help")
     bench.add_argument("name", choices=BENCHMARKS, help="the benchmark (its own options: seqzoo bench NAME --help)")
-    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    bench.add_argument("rest", nargs=argparse.REMAINDER, metavar="...", help="the benchmark's own options")
     bench.set_defaults(func=_bench)
     return parser
 
