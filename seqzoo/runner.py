@@ -140,8 +140,9 @@ def format_summary(summary: dict[str, Any]) -> list[str]:
     for key, s in summary["metrics"].items():
         scale, unit, decimals = (100.0, "%", 2) if "accuracy" in key else (1.0, "", 3)
         counts = all(isinstance(run[key], int) for run in summary["runs"].values() if key in run)
-        if counts and all(float(s[k]).is_integer() for k in ("mean", "std") if s[k] is not None):  # (fold means
-            decimals = 0  # may not be)
+        integral = all(float(s[k]).is_integer() for k in ("mean", "std") if s[k] is not None)  # fold means may not be
+        if counts and integral:
+            decimals = 0
         spread = f" ± {s['std'] * scale:.{decimals}f}{unit}" if s["n"] > 1 else ""
         lines.append(f"{key}: {s['mean'] * scale:.{decimals}f}{unit}{spread} (n={s['n']})")
     return lines
