@@ -220,6 +220,18 @@ def test_beam_search_max_len_is_the_limit_and_must_be_positive():
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_rows_that_stopped_leave_the_decoders_batch(kind, monkeypatch):
+    """The decoder runs only the rows still searched; each row's translation is as decoded alone."""
+    model = _model(1, kind)
+    sources = [[4, 5], [6, 7, 8, 9, 10, 11, 4, 5, 6, 7, 8], [7]]
+    alone = [beam_search(model, *pad_batch([source]), BOS, EOS, beam_size=3)[0] for source in sources]
+    decode, sizes = model.decode, []
+    monkeypatch.setattr(model, "decode", lambda last, *a, **kw: sizes.append(len(last)) or decode(last, *a, **kw))
+    assert beam_search(model, *pad_batch(sources), BOS, EOS, beam_size=3) == alone
+    assert sizes[0] == 3 * 3 and sizes[-1] == 3 and sorted(sizes, reverse=True) == sizes  # the longest row ends last
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_banned_tokens_are_never_emitted(kind):
     """The translation task bans <unk>, which would print as five characters."""
     model = _model(1, kind)
