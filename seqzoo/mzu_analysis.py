@@ -8,11 +8,13 @@ candidate per depth; ``depth`` picks it (default 0: the cell that reads ``c_t``,
 transformation of its input). The top layer of a stacked encoder is used. MZU, GRU (``gru_ln``)
 and DT-GRU encoders are supported.
 
-**Per zone** (Figure 3(c), MZU only): zone ``k`` of an ``H``-vector is its slice
-``[k·H/N, (k+1)·H/N)``, the layout in which zone generation splits its output into N zones
-(eq. 4); the zone-``k`` relevance is the cosine between those slices of ``h̃_t`` and ``h_s``.
-(``h̃`` and ``h`` are outputs of the M-function's final linear map, so a slice is a fixed
-group of hidden units rather than a zone computed inside M.) A GRU has one "zone": the whole state.
+**Per block of units** (our stand-in for Figure 3(c), whose "zone-specific relevance" the paper
+does not define; MZU only): block ``k`` of an ``H``-vector is its slice ``[k·H/N, (k+1)·H/N)``, N
+the candidate's M-function's zones, and its relevance is the cosine between those slices of ``h̃_t``
+and ``h_s``. ``h̃`` and ``h`` are outputs of the M-function's final linear map, which mixes every
+zone into every unit, so a block is a fixed group of hidden units, not a zone: the panel is
+labelled so. A GRU, or an MZU whose candidate is not an M-function (``regular_trans``), has one
+block: the whole state.
 """
 
 from __future__ import annotations
@@ -79,10 +81,9 @@ def zone_relevance(task, text: str, depth: int = 0) -> ZoneRelevance:
     if not 0 <= depth < candidates.shape[2]:
         raise ValueError(f"depth must be in [0, {candidates.shape[2] - 1}], got {depth}")
     cand, state = candidates[0, :, depth], states[0]
-    zones = 1  # a GRU, or an MZU whose M-functions are both ablated
-    if isinstance(encoder, MZU):
-        cell = encoder.cells[-1].transitions[0]
-        zones = next((m.num_zones for m in (cell.candidate, cell.gate) if isinstance(m, MFunction)), 1)
+    zones = 1  # a GRU, or an MZU whose candidate is no M-function
+    if isinstance(encoder, MZU) and isinstance(candidate := encoder.cells[-1].transitions[0].candidate, MFunction):
+        zones = candidate.num_zones
     return ZoneRelevance(list(text), relevance_matrix(cand, state)[0], relevance_matrix(cand, state, zones))
 
 
@@ -90,10 +91,11 @@ def plot_zone_relevance(
     relevance: ZoneRelevance | Mapping[str, ZoneRelevance], path: str | Path, last: int = 5
 ) -> Path:
     """PNG in the style of Figure 3: for each model, the relevance of every earlier character to
-    each of the ``last`` characters (Figure 3(a, b)); then, for each model with zones, per zone for
-    the final character (Figure 3(c)). Pass one relevance, or several of the same text by model
-    name (e.g. ``{"GRU": ..., "capMZU": ...}``). Grayscale from each panel's lowest (black) to
-    highest (white) cosine, as the colour bars show; blue = no earlier character."""
+    each of the ``last`` characters (Figure 3(a, b)); then, for each MZU, per block of hidden units
+    for the final character (our stand-in for Figure 3(c), module docstring). Pass one relevance,
+    or several of the same text by model name (e.g. ``{"GRU": ..., "capMZU": ...}``). Grayscale
+    from each panel's lowest (black) to highest (white) cosine, as the colour bars show; blue = no
+    earlier character."""
     if last < 1:
         raise ValueError(f"last must be >= 1, got {last}")
     models = dict(relevance) if isinstance(relevance, Mapping) else {"": relevance}
@@ -106,15 +108,16 @@ def plot_zone_relevance(
     steps = len(chars)
     rows = list(range(max(1, steps - last), steps))
     prefixes = {name: f"{name}: " if name else "" for name in models}
-    panels = [  # (values, y labels, title): every model's relevances, then the zones of those with zones
+    panels = [  # (values, y labels, title): every model's relevances, then the blocks of those with blocks
         (rel.overall[rows], [chars[t] for t in rows], f"{prefixes[name]}relevance to each of the last characters")
         for name, rel in models.items()
     ]
     for name, rel in models.items():
         zones = rel.zones.shape[0]
         if zones > 1 or len(models) == 1:
-            labels = [f"zone{k + 1}" for k in range(zones)]
-            panels.append((rel.zones[:, -1], labels, f"{prefixes[name]}per zone, for {chars[-1]!r}"))
+            labels = [f"block {k + 1}" for k in range(zones)]
+            title = f"{prefixes[name]}per block of 1/{zones} of the hidden units (not zones), for {chars[-1]!r}"
+            panels.append((rel.zones[:, -1], labels, title))
     heights = [len(labels) for _, labels, _ in panels]
     fig = Figure(figsize=(max(6.0, 0.22 * steps), 1.0 + 0.3 * sum(heights) + 0.6 * len(panels)))
     axes = fig.subplots(len(panels), 1, gridspec_kw={"height_ratios": heights}, squeeze=False)[:, 0]

@@ -163,6 +163,21 @@ def test_gru_and_mzu_panels_in_one_figure(trained, trained_gru, tmp_path, capsys
         plot_zone_relevance({"GRU": gru, "capMZU": mzu}, tmp_path / "mixed.png")
 
 
+def test_the_per_block_panel_is_labelled_as_blocks_of_units(trained, tmp_path, monkeypatch):
+    """The panel slices h̃ and h into N blocks of units, which are not the MZU's zones (its last linear
+    map mixes every zone into every unit): labelled "block k", not "zone k"; an MZU whose candidate
+    is no M-function (regular_trans) has one block, not the gate's N."""
+    figures = []
+    monkeypatch.setattr("seqzoo.mzu_analysis.save_figure", lambda fig, path: figures.append(fig) or path)
+    plot_zone_relevance(zone_relevance(load_task(trained, with_data=False), "the talks"), tmp_path / "x.png")
+    blocks = figures[0].axes[1]  # the relevance panel, then the blocks panel (then their colour bars)
+    assert [t.get_text() for t in blocks.get_yticklabels()] == ["block 1", "block 2", "block 3", "block 4"]
+    assert "not zones" in blocks.get_title()
+    args = {"hidden_size": 8, "composition": "cap", "num_zones": 4, "filter_size": 8, "regular_trans": True}
+    task = LMTask(_config(tmp_path, "mzu", args), {"train": list("abc abc\n")})
+    assert zone_relevance(task, "abc").zones.shape[0] == 1
+
+
 def test_other_encoders_are_refused(tmp_path):
     task = LMTask(_config(tmp_path, "lstm", {"hidden_size": 8}), {"train": list("abc abc\n")})
     with pytest.raises(ValueError, match="needs an MZU, GRU"):
