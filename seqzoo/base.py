@@ -226,8 +226,10 @@ def check_state_dtype(tensors: Iterable[Tensor | None], weight: Tensor, device_t
 
 @contextlib.contextmanager
 def module_mode(module: nn.Module, *, training: bool) -> Iterator[nn.Module]:
-    """``module`` in training (or eval) mode inside the block, and in its own mode again after it,
-    also when the block raises: ``with module_mode(model, training=False): ...`` to evaluate."""
+    """``module`` in training (or eval) mode inside the block, and back in the mode it had after it,
+    also when the block raises: ``with module_mode(model, training=False): ...`` to evaluate. Like
+    ``Module.train``, it sets the mode of every submodule to the module's own (a submodule kept in
+    another mode is not restored to it)."""
     was_training = module.training
     module.train(training)
     try:

@@ -76,9 +76,9 @@ class _TorchRNN(Encoder):
             out, final = self.rnn(x, state)
             # Under CPU autocast torch's LSTM kernel returns bfloat16, the padded paths (and every
             # other encoder) the weights' dtype: return that here too (an exact widening), so the
-            # dtype does not depend on the mask.
+            # dtype does not depend on the mask. (Under CUDA autocast both paths run cuDNN in half.)
             dtype = self.rnn.weight_ih_l0.dtype
-            if out.dtype != dtype:
+            if x.device.type == "cpu" and out.dtype != dtype:
                 out = out.to(dtype)
                 final = tuple(t.to(dtype) for t in final) if isinstance(final, tuple) else final.to(dtype)
             return out, final

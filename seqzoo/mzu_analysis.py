@@ -114,7 +114,7 @@ def plot_zone_relevance(
     ]
     for name, rel in models.items():
         zones = rel.zones.shape[0]
-        if zones > 1 or len(models) == 1:
+        if zones > 1:  # an MZU's (a GRU's one block would repeat its relevance panel's last row)
             labels = [f"block {k + 1}" for k in range(zones)]
             title = f"{prefixes[name]}per block of 1/{zones} of the hidden units (not zones), for {chars[-1]!r}"
             panels.append((rel.zones[:, -1], labels, title))

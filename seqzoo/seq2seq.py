@@ -395,11 +395,13 @@ def beam_search(
             alive = [r for r, b in enumerate(sentences) if len(finished[b]) < k and step < limits[b]]
             if not alive:
                 break
-            rows = torch.tensor(alive, device=src.device)
             if len(alive) < searched:
+                rows = torch.tensor(alive, device=src.device)
                 beams, tokens, scores, history = (t.index_select(0, rows) for t in (beams, tokens, scores, history))
                 encoded = encoded.rows((rows.unsqueeze(1) * k + beam).view(-1))
                 sentences = [sentences[r] for r in alive]
+            else:
+                rows = torch.arange(searched, device=src.device)
             flat = (rows.unsqueeze(1) * k + beams).view(-1)  # the decoder row each live hypothesis continues
             state = [(a.index_select(0, flat), b.index_select(0, flat)) for a, b in state]
             last = tokens.view(-1, 1)

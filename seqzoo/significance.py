@@ -172,9 +172,9 @@ def format_comparison(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _side(name: str, mean: float, std: float | None, n: int, scale: float) -> str:
+def _side(name: str, mean: float, std: float, n: int, scale: float) -> str:
     """``A mean ± std (n)``; a single seed has no spread to show."""
-    spread = f" ± {std * scale:.3f}" if n > 1 and std is not None else ""
+    spread = f" ± {std * scale:.3f}" if n > 1 else ""
     return f"{name} {mean * scale:.3f}{spread} (n={n})"
 
 

@@ -632,10 +632,10 @@ def _int_keys(optim_state: dict[str, Any]) -> dict[str, Any]:
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (NaN for a single value: it has none), computed exactly
-    (``statistics`` sums in rationals) and rounded once: equal values give exactly that value and 0,
-    as Welch's test needs (a float sum left 0.7 × 3 a spread of 1e-16, which gave p = 0.29 for two
-    equal runs). With a value that is not finite, the float formulas (an inf or NaN mean, NaN spread)."""
+    """Mean and sample standard deviation (NaN for a single value: it has none), summed exactly
+    (``statistics`` works in rationals): equal values give exactly that value and 0, as Welch's test
+    needs (a float sum left 0.7 × 3 a spread of 1e-16, which gave p = 0.29 for two equal runs).
+    With a value that is not finite, the float formulas (an inf or NaN mean, NaN spread)."""
     values = [float(v) for v in values]
     if len(values) < 2 or not all(map(math.isfinite, values)):
         return sum(values) / len(values), math.nan

@@ -123,6 +123,14 @@ def test_trace_in_training_returns_the_candidate_the_state_takes(name, args):
     assert torch.equal(step.sign(), towards.sign())
 
 
+def test_dt_gru_trace_in_training_returns_every_depths_candidate_after_dropout():
+    """The T-GRUs' candidates too: tanh never gives exactly 0, dropout does."""
+    torch.manual_seed(0)
+    encoder = build_encoder("dtgru", 5, hidden_size=8, dropout=0.5, transition_depth=2).train()
+    candidates, _ = encoder.trace(torch.randn(3, 9, 5))
+    assert all((candidates[:, :, depth] == 0).any() for depth in range(3))
+
+
 @pytest.mark.parametrize(("name", "args"), [("gru_ln", {}), ("dtgru", {"transition_depth": 2})])
 def test_gru_trace_matches_the_encoder(name, args):
     """Figure 3(a) needs the GRU's candidates: the trace's states are the encoder's own outputs,

@@ -345,8 +345,8 @@ def test_c0_of_another_dtype_than_the_gates_is_refused(monkeypatch, backend):
         qrnn_pool(gates, lengths, c0.double(), **kwargs)
     with pytest.raises(TypeError, match=r"^c0 is torch\.bfloat16 but the gates are torch\.float32"):
         qrnn_layer(x_pad, weight, bias, layer_lengths, torch.zeros(4, 5, dtype=torch.bfloat16), pooling="fo")
-    h, c_last = qrnn_pool(gates.bfloat16(), lengths, c0, **kwargs)
-    assert torch.isfinite(h.float()).all() and c_last.shape == c0.shape
+    h, c_last = qrnn_pool(gates.bfloat16(), lengths, c0, **kwargs)  # every path returns the gates' dtype
+    assert h.dtype == c_last.dtype == torch.bfloat16 and torch.isfinite(h.float()).all()
 
 
 @pytest.mark.parametrize("backend", ["reference", pytest.param("compiled", marks=needs_compiled)])

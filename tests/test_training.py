@@ -535,11 +535,11 @@ class _ScriptedDev:
 def test_a_nan_dev_metric_is_beaten_by_any_number(tmp_path):
     """A NaN dev metric in epoch 1 became the best for good (every comparison with NaN is False):
     best/ stayed at epoch 1 and patience counted every later epoch as bad."""
-    config = load_config(None, ["train.epochs=3", "train.patience=2", "train.progress=false", "optim.lr=0.1"])
-    Trainer(config, _ScriptedDev([math.nan, 300.0, 200.0]), tmp_path / "r").fit()
+    config = load_config(None, ["train.epochs=4", "train.patience=2", "train.progress=false", "optim.lr=0.1"])
+    Trainer(config, _ScriptedDev([math.nan, 300.0, 200.0, 100.0]), tmp_path / "r").fit()
     records = metric_records(tmp_path / "r")
-    assert [r["epoch"] for r in records if r["event"] == "epoch"] == [1, 2, 3]  # no early stop
-    assert records[-1]["best_epoch"] == 3
+    assert [r["epoch"] for r in records if r["event"] == "epoch"] == [1, 2, 3, 4]  # no early stop after epoch 3
+    assert records[-1]["best_epoch"] == 4
 
 
 def test_evaluate_run_trained_with_pretrained_vectors_of_another_size(toy_corpus, tmp_path, capsys):

@@ -255,18 +255,18 @@ def _buffer(gates: Tensor) -> Tensor:
 
 
 def _check_pool_args(
-    shape: tuple[int, int, int], lengths: Tensor, c0: Tensor | None, keep: Tensor | None, like: Tensor
+    shape: tuple[int, int, int], lengths: Tensor, c0: Tensor | None, keep: Tensor | None, gates_like: Tensor
 ) -> None:
     """Refuse what would make the kernels (which index without bounds checks) read or write out of
     bounds, or dereference another device's pointer; called once per path: by :func:`_compiled_inputs`
     for the C kernel, by :func:`qrnn_pool` for the others. The lengths' values are checked on CPU
     only: on CUDA that would cost a device sync per call, and the encoders derive them from a
-    checked mask. ``like``: the gates (or the layer's input), whose device and dtype the others follow;
+    checked mask. ``gates_like``: the gates (or the layer's input), whose device and dtype the others follow;
     ``c0`` of another dtype would be cast by a fast path but promote the reference's result, so it
-    must be ``like``'s dtype (or float32 for half-precision gates, which pool in float32)."""
-    device = like.device
-    if c0 is not None and c0.dtype != like.dtype and not (like.dtype in _WIDENED and c0.dtype == torch.float32):
-        raise TypeError(f"c0 is {c0.dtype} but the gates are {like.dtype}: cast it (.to({like.dtype}))")
+    must be ``gates_like``'s dtype (or float32 for half-precision gates, which pool in float32)."""
+    device, dtype = gates_like.device, gates_like.dtype
+    if c0 is not None and c0.dtype != dtype and not (dtype in _WIDENED and c0.dtype == torch.float32):
+        raise TypeError(f"c0 is {c0.dtype} but the gates are {dtype}: cast it (.to({dtype}))")
     for name, tensor in (("lengths", lengths), ("c0", c0), ("keep", keep)):
         if tensor is not None and tensor.device != device:
             raise ValueError(f"{name} is on {tensor.device} but the gates on {device}: move it (.to({str(device)!r}))")
@@ -287,7 +287,7 @@ def _compiled_inputs(
 ) -> tuple:
     """x, lengths, c0, keep as the C kernel reads them (contiguous; int64, the dtype it computes in,
     uint8), after checking them against the pooling problem's ``shape`` (batch, time, hidden)."""
-    _check_pool_args(shape, lengths, c0, keep, x)
+    _check_pool_args(shape, lengths, c0, keep, gates_like=x)
     c0 = None if c0 is None else c0.to(torch.float32 if x.dtype in _WIDENED else x.dtype).contiguous()
     keep = None if keep is None else keep.to(torch.uint8).contiguous()
     return x.contiguous(), lengths.to(torch.int64).contiguous(), c0, keep
@@ -518,7 +518,7 @@ def qrnn_pool(
         h, c_last = qrnn_pool_compiled(gates, lengths, c0, **kwargs)
         return h.to(gates.dtype), c_last.to(gates.dtype)
     batch, time, _, hidden = gates.shape
-    _check_pool_args((batch, time, hidden), lengths, c0, keep, gates)
+    _check_pool_args((batch, time, hidden), lengths, c0, keep, gates_like=gates)
     if backend == "triton":
         from seqzoo.kernels.qrnn_pool_triton import qrnn_pool_triton
 
@@ -528,4 +528,5 @@ def qrnn_pool(
             f"seqzoo: fused QRNN pooling unavailable ({_fallback_reason(gates)}); using the slower PyTorch reference",
             RuntimeWarning,
         )
-    return qrnn_pool_reference(gates, lengths, c0, **kwargs)
+    h, c_last = qrnn_pool_reference(gates, lengths, c0, **kwargs)  # a float32 c0 with half gates promotes
+    return h.to(gates.dtype), c_last.to(gates.dtype)  # as the fast paths: the gates' dtype
