@@ -188,6 +188,22 @@ def test_every_encoder_under_cuda_autocast_follows_float32(case, dtype, full_flo
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("name", ["lstm", "gru"])
+def test_lstm_gru_dtype_under_cuda_autocast_does_not_depend_on_the_mask(name, dtype):
+    """Under CUDA autocast cuDNN runs both the all-real and the packed (padded) path in half
+    precision, so the CPU's widening of the all-real path to float32 (session 40) must stay off here."""
+    encoder = _encoder(name, {"num_layers": 2}).cuda()
+    x = torch.randn(3, 7, 6, device="cuda")
+    dtypes = set()
+    for lengths in ([7, 7, 7], [7, 4, 2]):
+        mask = (torch.arange(7) < torch.tensor(lengths).unsqueeze(1)).cuda()
+        with torch.autocast("cuda", dtype=dtype):
+            out, _ = encoder(x, mask)
+        dtypes.add(out.dtype)
+    assert dtypes == {dtype}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_qrnn_reference_pooling_under_cuda_autocast_follows_the_triton_kernel(dtype, monkeypatch):
     """Without Triton (``SEQZOO_QRNN_BACKEND=reference``, as on a CUDA machine where it cannot
     load) the reference pools the half-precision gates in their own type: still near the Triton
