@@ -15,7 +15,7 @@ import os
 import re
 import types
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -193,7 +193,8 @@ class TrainConfig:
     checkpoint_every: int = 200  # steps between resumable checkpoints, also saved at every epoch end (0 = only there)
     threads: int | None = None  # torch.set_num_threads
     progress: bool | None = None  # None = only on a terminal
-    # Every this many steps: a step record in metrics.jsonl and, without a progress bar, a log line (None = off).
+    # Every this many steps of an epoch (counted from its first): a step record in metrics.jsonl and,
+    # without a progress bar, a log line (None = off; an epoch of fewer batches has none).
     log_every: int | None = 100
     device: str = "auto"  # "auto" (the GPU when torch sees one, else the CPU), "cpu", "cuda" or "cuda:N"
     # Training steps' forward pass under torch.autocast: "bf16", "fp16" (a GPU only; with loss
@@ -376,6 +377,8 @@ def inert_keys(config: RunConfig) -> dict[str, str]:
         for f in dataclasses.fields(ModelConfig)
         if f.name not in _MODEL_KEYS[task]
     }
+    if task == "translation" and data.beam_size == 1:
+        inert["data.length_alpha"] = "greedy decoding (data.beam_size 1) ranks a single hypothesis"
     if task == "lm":
         inert["train.batch_size"] = "a language model batches by data.batch_size"
         inert["train.eval_batch_size"] = "a language model evaluates with data.eval_batch_size"
@@ -407,6 +410,22 @@ def _given_keys(values: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
             yield from _given_keys(value, f"{prefix}{key}.")
         else:
             yield f"{prefix}{key}"
+
+
+def _override_keys(values: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, str]:
+    """{dotted key: how it was given} for the keys ``--set`` overrides set: a section given as a
+    mapping (``--set "optim={optimizer: sgd, eps: 0.5}"``) sets each key in it."""
+    given = {}
+    for assignment in overrides:
+        key = assignment.split("=", 1)[0].strip()
+        value: Any = values
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, Mapping) else None
+        if isinstance(value, Mapping) and not key.endswith("encoder_args"):
+            given.update({dotted: f"--set {key}: {dotted}" for dotted in _given_keys(value, f"{key}.")})
+        else:
+            given[key] = f"--set {key}"
+    return given
 
 
 def _refuse_inert(config: RunConfig, given: dict[str, str]) -> None:
@@ -455,8 +474,7 @@ def load_config(
             config = config_from_dict(values)
         except ConfigError as err:
             raise ConfigError(f"{where}: {err}") from None
-        keys = [a.split("=", 1)[0].strip() for a in overrides]
-        _refuse_inert(config, {key: f"--set {key}" for key in keys})  # (its message names the --set)
+        _refuse_inert(config, _override_keys(values, overrides))
     optim = config.optim
     if optim.min_lr > optim.lr:  # checked on the result: an override may set either
         raise ConfigError(f"{where}: optim.min_lr: decays' floor must be <= lr ({optim.lr}), got {optim.min_lr}")

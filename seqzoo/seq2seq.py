@@ -277,8 +277,9 @@ class LSTMSeq2Seq(Seq2Seq):
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
         self.hidden_size, self.num_layers = hidden_size, num_layers
         self.embedding = nn.Embedding(vocab_size, embedding_dim, padding_idx=pad_id)
-        self.encoder = LSTM(embedding_dim, hidden_size, num_layers, dropout)
-        self.decoder = LSTM(embedding_dim, hidden_size, num_layers, dropout)
+        between_layers = dropout if num_layers > 1 else 0.0  # (one layer: the dropout below still acts)
+        self.encoder = LSTM(embedding_dim, hidden_size, num_layers, between_layers)
+        self.decoder = LSTM(embedding_dim, hidden_size, num_layers, between_layers)
         self.attention_output = nn.Linear(2 * hidden_size, hidden_size)  # W on [h_t; k_t]
         self.dropout = nn.Dropout(check_rate("dropout", dropout))
         self.generator = nn.Linear(hidden_size, vocab_size)

@@ -123,6 +123,9 @@ def test_errors_name_the_file(tmp_path):
             r"data\.embedding_dim would have no effect \(the vectors",
         ),
         (["task=absa", "data.dev=d.xml", "data.dev_seed=3"], r"data\.dev_seed would have no effect \(data\.dev gives"),
+        (["task=translation", "data.beam_size=1", "data.length_alpha=1.0"], r"data\.length_alpha would have no effect"),
+        (["optim={optimizer: sgd, lr: 0.1, eps: 0.5}"], r"optim: optim\.eps would have no effect \(SGD has no epsilon"),
+        (["train={seeds: [1, 2], seed: 7}"], r"train: train\.seed would have no effect"),
     ],
 )
 def test_keys_that_would_have_no_effect_are_refused(overrides, message):

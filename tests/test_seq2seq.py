@@ -182,6 +182,16 @@ def test_decoder_layer_gradcheck(attention):
     assert torch.autograd.gradcheck(run, (x, memory, final))
 
 
+def test_one_layer_lstm_model_with_dropout_does_not_warn_it_has_no_effect():
+    """Its dropout acts on the embeddings and before the output layer; the inner one-layer LSTMs
+    warned "dropout=0.3 has no effect with num_layers=1"."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        LSTMSeq2Seq(20, 8, 8, num_layers=1, dropout=0.3)
+
+
 def test_length_criterion_limits():
     assert length_normalized_score(-6.0, 3, 10, 0.0) == -6.0  # eq. 10: summed log-probability
     assert length_normalized_score(-6.0, 3, 10, 1.0) == pytest.approx(10 * -6.0 / 3)  # eq. 11: T_trg x mean
