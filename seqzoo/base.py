@@ -137,15 +137,16 @@ def takes_all_real_shortcut(mask: Tensor) -> bool:
     return not (torch.jit.is_tracing() or torch.compiler.is_compiling()) and bool(mask.all())
 
 
-def zero_padding(x: Tensor, mask: Tensor) -> Tensor:
+def zero_padding(x: Tensor, mask: Tensor, all_real: bool | None = None) -> Tensor:
     """``x`` (B, T, D) with 0 at its pad positions (``mask`` False). A pad may hold anything, NaN or
     inf included, which a product with the mask would keep (0 × NaN is NaN): in the outputs of a
     window or an attention that reads pads, and in the weights' gradients (Xᵀ·dG sums over every
-    position). On the CPU ``x`` itself when every position is real (:func:`takes_all_real_shortcut`);
-    on a GPU always the fill, which costs less than the device sync that reading the mask would."""
-    if x.device.type == "cpu" and takes_all_real_shortcut(mask):
-        return x
-    return x.masked_fill(~mask.unsqueeze(-1), 0.0)
+    position). ``x`` itself when every position is real: ``all_real``, the caller's
+    :func:`takes_all_real_shortcut` when it has read it, or else read here on the CPU; on a GPU
+    always the fill, which costs less than the device sync that reading the mask would."""
+    if all_real is None:
+        all_real = x.device.type == "cpu" and takes_all_real_shortcut(mask)
+    return x if all_real else x.masked_fill(~mask.unsqueeze(-1), 0.0)
 
 
 def check_padding_mask(mask: Tensor, shape: tuple[int, int]) -> Tensor:

@@ -83,7 +83,7 @@ class _TorchRNN(Encoder):
                 final = tuple(t.to(dtype) for t in final) if isinstance(final, tuple) else final.to(dtype)
             return out, final
         lengths = lengths_from_mask(mask)
-        x = zero_padding(x, mask)  # the unpacked run and an empty row's one packed step read pads
+        x = zero_padding(x, mask, all_real=False)  # the unpacked run and an empty row's one packed step read pads
         tracing = torch.jit.is_tracing()  # a trace records the packed path, which serves every mask
         if not tracing and self._run_unpacked(x, lengths, state):
             out, final = self._unpacked(x, lengths, state)

@@ -412,19 +412,16 @@ def _given_keys(values: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
             yield f"{prefix}{key}"
 
 
-def _override_keys(values: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, str]:
+def _override_keys(overrides: Sequence[str]) -> dict[str, str]:
     """{dotted key: how it was given} for the keys ``--set`` overrides set: a section given as a
     mapping (``--set "optim={optimizer: sgd, eps: 0.5}"``) sets each key in it."""
     given = {}
     for assignment in overrides:
-        key = assignment.split("=", 1)[0].strip()
-        value: Any = values
-        for part in key.split("."):
-            value = value.get(part) if isinstance(value, Mapping) else None
-        if isinstance(value, Mapping) and not key.endswith("encoder_args"):
-            given.update({dotted: f"--set {key}: {dotted}" for dotted in _given_keys(value, f"{key}.")})
-        else:
-            given[key] = f"--set {key}"
+        key, alone = assignment.split("=", 1)[0].strip(), {}
+        apply_override(alone, assignment)  # the override by itself, as a nested dict
+        given.update(
+            {dotted: f"--set {key}" + (f": {dotted}" if dotted != key else "") for dotted in _given_keys(alone)}
+        )
     return given
 
 
@@ -474,7 +471,7 @@ def load_config(
             config = config_from_dict(values)
         except ConfigError as err:
             raise ConfigError(f"{where}: {err}") from None
-        _refuse_inert(config, _override_keys(values, overrides))
+        _refuse_inert(config, _override_keys(overrides))
     optim = config.optim
     if optim.min_lr > optim.lr:  # checked on the result: an override may set either
         raise ConfigError(f"{where}: optim.min_lr: decays' floor must be <= lr ({optim.lr}), got {optim.min_lr}")

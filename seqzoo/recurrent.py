@@ -154,7 +154,8 @@ class RecurrentCellEncoder(Encoder):
         steps = mask.t()  # (T, B)
         full = takes_all_real_shortcut(mask)
         lengths = lengths_from_mask(mask)
-        layer_input = zero_padding(x, mask).transpose(0, 1)  # (T, B, D): every step's slice contiguous after prepare
+        # (T, B, D): every step's slice contiguous after prepare
+        layer_input = zero_padding(x, mask, all_real=full).transpose(0, 1)
         finals: list[Tensor] = []
         aux_total: Tensor | None = None
         for layer in range(self.num_layers):

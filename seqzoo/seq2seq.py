@@ -74,10 +74,7 @@ class EncoderOutput(NamedTuple):
 
     def repeat(self, times: int) -> EncoderOutput:
         """Each row repeated ``times`` times in place (row b -> rows b·times ... b·times + times - 1), for beams."""
-        return EncoderOutput(
-            *(t.repeat_interleave(times, 0) for t in (self.memory, self.mask)),
-            [f.repeat_interleave(times, 0) for f in self.finals],
-        )
+        return self.rows(torch.arange(self.mask.shape[0], device=self.mask.device).repeat_interleave(times))
 
     def rows(self, index: Tensor) -> EncoderOutput:
         """The rows ``index`` (R,) only, in that order."""

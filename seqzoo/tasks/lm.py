@@ -335,10 +335,10 @@ def plot_length_buckets(series: Mapping[str, Sequence[dict[str, Any]]], path: st
         for buckets in series.values()
         for b in buckets
     }
-    starts = sorted(names)
+    position = {start: i for i, start in enumerate(sorted(names))}
     for label, buckets in series.items():
-        ax.plot([starts.index(b["min_length"]) for b in buckets], [b[metric] for b in buckets], "o-", label=label)
-    ax.set_xticks(range(len(starts)), [names[start] for start in starts])
+        ax.plot([position[b["min_length"]] for b in buckets], [b[metric] for b in buckets], "o-", label=label)
+    ax.set_xticks(range(len(position)), [names[start] for start in position])
     ax.set(xlabel="sequence length", ylabel=metric.upper(), title=f"{metric.upper()} by sequence length")
     ax.grid(alpha=0.3)
     ax.legend()
