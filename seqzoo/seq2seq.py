@@ -70,7 +70,7 @@ DecoderState = list[tuple[Tensor, Tensor]]
 class EncoderOutput(NamedTuple):
     memory: Tensor  # (B, S, H) last encoder layer's outputs h̃_s (c̃_s with enc_state="c"; reversed source order)
     mask: Tensor  # (B, S) True at real source positions
-    finals: list[Tensor]  # per layer ℓ: QRNN h̃_T^ℓ or c̃_T^ℓ (B, H); LSTM (h_T^ℓ, c_T^ℓ) stacked (B, 2, H)
+    finals: list[Tensor]  # per layer ℓ: QRNN V h̃_T^ℓ or V c̃_T^ℓ (B, 3H); LSTM (h_T^ℓ, c_T^ℓ) stacked (B, 2, H)
 
     def repeat(self, times: int) -> EncoderOutput:
         """Each row repeated ``times`` times in place (row b -> rows b·times ... b·times + times - 1), for beams."""
@@ -95,7 +95,8 @@ def _encoder_cells(layer: QRNNLayer, x: Tensor, lengths: Tensor) -> tuple[Tensor
 
 class QRNNDecoderLayer(nn.Module):
     """One decoder layer: masked width-k convolution + fo-pooling conditioned on ``h̃_T`` (eq. 7),
-    with the attention output of eq. 8 when ``attention=True``."""
+    with the attention output of eq. 8 when ``attention=True``. ``condition`` projects ``h̃_T``
+    (``V_z, V_f, V_o``); the encoder applies it once per source, not at every decoding step."""
 
     def __init__(self, input_size: int, hidden_size: int, window: int = 1, attention: bool = False) -> None:
         super().__init__()
@@ -111,16 +112,17 @@ class QRNNDecoderLayer(nn.Module):
         x: Tensor,
         lengths: Tensor,
         encoded: EncoderOutput,
-        final: Tensor,
+        conditioning: Tensor,
         state: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, tuple[Tensor, Tensor], Tensor | None]:
-        """x (B, T, n) -> h (B, T, H) zero at pads, the state after each row's last real step, and
-        the attention weights (B, T, S) (None without attention)."""
+        """x (B, T, n) and ``conditioning = self.condition(h̃_T)`` (B, 3H) -> h (B, T, H) zero at
+        pads, the state after each row's last real step, and the attention weights (B, T, S) (None
+        without attention)."""
         batch, time, _ = x.shape
         k = self.window
         c0, x_tail = state if state is not None else (None, x.new_zeros(batch, k - 1, self.input_size))
         padded = torch.cat([x_tail, x], 1)  # (B, T + k - 1, n): window t is padded[:, t : t + k]
-        gates = window_linear(padded, self.linear.weight, self.linear.bias) + self.condition(final).unsqueeze(1)
+        gates = window_linear(padded, self.linear.weight, self.linear.bias) + conditioning.unsqueeze(1)
         gates = gates.view(batch, time, 3, self.hidden_size)  # eq. 7
         tail = last_inputs(padded, lengths, k)
         if self.output is None:
@@ -232,7 +234,8 @@ class QRNNSeq2Seq(Seq2Seq):
             finals.append(x.gather(1, last).squeeze(1) if self.enc_state == "h" else c_last)  # h̃_T or c̃_T (B, H)
             if i < self.num_layers - 1:
                 x = self.dropout(x)
-        return EncoderOutput(x, src_mask, finals)
+        conditions = [layer.condition(final) for layer, final in zip(self.decoder, finals, strict=True)]  # (B, 3H)
+        return EncoderOutput(x, src_mask, conditions)
 
     def decode(
         self, tgt: Tensor, encoded: EncoderOutput, tgt_mask: Tensor | None = None, state: DecoderState | None = None
@@ -244,8 +247,8 @@ class QRNNSeq2Seq(Seq2Seq):
         x = self.dropout(self.embedding(tgt))  # (B, T, E)
         states = state if state is not None else [None] * self.num_layers
         new_state: DecoderState = []
-        for i, (layer, final, s) in enumerate(zip(self.decoder, encoded.finals, states, strict=True)):
-            x, carried, _ = layer(x, lengths, encoded, final, s)
+        for i, (layer, conditioning, s) in enumerate(zip(self.decoder, encoded.finals, states, strict=True)):
+            x, carried, _ = layer(x, lengths, encoded, conditioning, s)
             new_state.append(carried)
             if i < self.num_layers - 1:
                 x = self.dropout(x)

@@ -131,7 +131,7 @@ def test_attention_ignores_source_padding_and_encoder_state_conditions_every_lay
         torch.randn(2, 2, 5, dtype=torch.float64), torch.tensor([2, 2]), encoded, encoded.finals[-1]
     )
     assert alpha[1, :, 2].eq(0).all() and torch.allclose(alpha.sum(-1), torch.ones(2, 2, dtype=torch.float64))
-    # eq. 7: changing the encoder's final state of layer 0 changes the first decoder layer's output
+    # eq. 7: changing layer 0's encoder final state (its projection V h̃_T) changes the first decoder layer's output
     h, _, _ = model.decoder[0](x, torch.tensor([2, 2]), encoded, encoded.finals[0])
     h2, _, _ = model.decoder[0](x, torch.tensor([2, 2]), encoded, encoded.finals[0] + 1)
     assert not torch.allclose(h, h2)
@@ -147,8 +147,9 @@ def test_authors_variant_reads_the_encoder_cell_states():
     x, lengths = paper.embed_source(src, src_mask)
     for i, layer in enumerate(paper.encoder):
         x_next, c_last, _ = layer(x, lengths)
-        torch.testing.assert_close(c_form.finals[i], c_last)
-        torch.testing.assert_close(h_form.finals[i], x_next[torch.arange(2), lengths - 1])
+        # eq. 7's conditioning term V h̃_T (V c̃_T), projected once per source
+        torch.testing.assert_close(c_form.finals[i], paper.decoder[i].condition(c_last))
+        torch.testing.assert_close(h_form.finals[i], paper.decoder[i].condition(x_next[torch.arange(2), lengths - 1]))
         if i == len(paper.encoder) - 1:
             gates = layer.linear(layer.padded_input(x, lengths, x.new_zeros(2, 0, layer.input_size)))
             o = torch.sigmoid(gates.view(2, -1, 3, layer.hidden_size)[:, :, 2])
@@ -177,7 +178,7 @@ def test_decoder_layer_gradcheck(attention):
     lengths = torch.tensor([4, 3])
 
     def run(x, memory, final):
-        return layer(x, lengths, EncoderOutput(memory, mask, [final]), final)[0]
+        return layer(x, lengths, EncoderOutput(memory, mask, [final]), layer.condition(final))[0]
 
     assert torch.autograd.gradcheck(run, (x, memory, final))
 
