@@ -8,7 +8,9 @@ import sys
 
 from setuptools import Extension, setup
 
-flags = [] if sys.platform == "win32" else ["-O3", "-std=c99", "-pthread", "-fno-math-errno", "-fno-trapping-math"]
+# -g0 after Python's own -g: no debug info in the shipped library (1.05 MB -> 0.47 MB)
+unix_flags = ["-O3", "-g0", "-std=c99", "-pthread", "-fno-math-errno", "-fno-trapping-math"]
+flags = [] if sys.platform == "win32" else unix_flags
 
 setup(
     ext_modules=[
