@@ -9,7 +9,8 @@ only; dropout is on every candidate. The MZU paper trains both "with the same se
 MZUs (LN, candidate dropout).
 
 ``"dtgru"`` defaults to ``transition_depth=1`` T-GRU (DTMT hard-codes 4): it is the baseline of
-MZU+DT, whose default is one t-MZU per step, so the two share the same transition depth.
+MZU+DT, whose depth the MZU paper sets to one t-MZU per step by default (MODELS.md 4.3; the
+``mzu`` encoder itself defaults to the plain MZU, Decision 7), so the two share the transition depth.
 ``"gru_ln"`` is the plain GRU cell (no linear transformation gate, no transitions).
 Importing this module registers both encoders.
 """

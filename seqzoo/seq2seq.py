@@ -258,8 +258,8 @@ class QRNNSeq2Seq(Seq2Seq):
 class LSTMSeq2Seq(Seq2Seq):
     """LSTM encoder–decoder with dot-product attention, the QRNN paper's baseline (module docstring).
 
-    ``dropout`` applies to embeddings, between layers and before the output layer (the paper's
-    baseline uses 0.2). The encoder and decoder are :class:`seqzoo.baselines.LSTM` stacks (torch's
+    ``dropout`` applies to embeddings, between layers and before the output layer (default 0.2,
+    the paper's baseline). The encoder and decoder are :class:`seqzoo.baselines.LSTM` stacks (torch's
     ``nn.LSTM``, packed over padding).
     """
 
@@ -269,7 +269,7 @@ class LSTMSeq2Seq(Seq2Seq):
         embedding_dim: int,
         hidden_size: int,
         num_layers: int = 4,
-        dropout: float = 0.0,
+        dropout: float = 0.2,
         pad_id: int = 0,
     ) -> None:
         super().__init__(pad_id)

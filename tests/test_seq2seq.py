@@ -107,6 +107,12 @@ def test_the_default_encoder_windows_fit_any_depth():
         assert [layer.window for layer in model.encoder] == [6] + [2] * (layers - 1)
 
 
+def test_default_dropout_is_the_papers():
+    """MODELS.md 1.9: none in the QRNN model, 0.2 in the LSTM baseline."""
+    assert QRNNSeq2Seq(12, 6, 5).dropout.p == 0.0
+    assert LSTMSeq2Seq(12, 6, 5).dropout.p == 0.2
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_stepwise_decoding_equals_whole_prefix(kind):
     model = _model(kind=kind)
