@@ -1,3 +1,5 @@
+import itertools
+import math
 import re
 import warnings
 
@@ -8,7 +10,8 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from seqzoo import build_encoder
 from seqzoo.base import Encoder, reverse_padded
-from seqzoo.poolers import build_pooler
+from seqzoo.baselines import TransformerEncoder, sinusoidal_positions
+from seqzoo.poolers import LastPooler, build_pooler
 from seqzoo.testing import assert_contract, assert_padding_gradients, assert_padding_invariant
 
 
@@ -538,3 +541,37 @@ def test_dropout_between_layers_of_a_single_layer_warns(name):
         warnings.simplefilter("error")
         build_encoder(name, 6, hidden_size=4, num_layers=2, dropout=0.3)
         build_encoder(name, 6, hidden_size=4, num_layers=1)
+
+
+def test_sinusoidal_positions_follow_vaswani():
+    """Kills B3 (sin in the odd columns): PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(...)."""
+    for dim in (6, 7):
+        table = sinusoidal_positions(5, dim)
+        for p, i in itertools.product(range(5), range(dim)):
+            angle = p / 10000 ** (2 * (i // 2) / dim)
+            expected = math.sin(angle) if i % 2 == 0 else math.cos(angle)
+            assert table[p, i].item() == pytest.approx(expected, abs=1e-5)
+
+
+def test_transformer_scales_its_projected_input_by_sqrt_d_model():
+    """Kills B2 (no √d_model scaling): the layers read proj(x)·√d + positions (Vaswani 3.4–3.5)."""
+    torch.manual_seed(0)
+    enc = TransformerEncoder(3, hidden_size=8, num_layers=1, nhead=2, dropout=0.0).eval()
+    seen = []
+    enc.layers.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    x = torch.randn(2, 4, 3)
+    with torch.no_grad():
+        enc(x)
+        expected = enc.proj(x) * math.sqrt(8) + sinusoidal_positions(4, 8)
+    torch.testing.assert_close(seen[0], expected)
+
+
+def test_bidirectional_last_pooler_takes_the_backward_half_at_t0():
+    """Kills P2 (both halves at the last real token): the backward direction has read the whole
+    row at t = 0, the forward one at the row's last real token."""
+    pool = LastPooler(4, bidirectional=True)
+    out = torch.arange(2 * 5 * 4, dtype=torch.float64).view(2, 5, 4)
+    lengths = torch.tensor([5, 3])
+    mask = torch.arange(5) < lengths.unsqueeze(1)
+    expected = torch.stack([torch.cat([out[b, n - 1, :2], out[b, 0, 2:]]) for b, n in enumerate(lengths.tolist())])
+    torch.testing.assert_close(pool(out, mask), expected)

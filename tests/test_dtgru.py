@@ -56,3 +56,44 @@ def test_candidate_dropout_only_in_training():
     assert not torch.equal(enc(x)[0], enc(x)[0])
     enc.eval()
     assert torch.equal(enc(x)[0], enc(x)[0])
+
+
+def _ln(v: torch.Tensor) -> torch.Tensor:
+    mean = v.mean(-1, keepdim=True)
+    var = (v - mean).pow(2).mean(-1, keepdim=True)
+    return (v - mean) / torch.sqrt(var + 1e-6)
+
+
+def test_dtgru_step_follows_the_dtmt_equations():
+    """Kills D2 (LN dropped from the gates), D3 (linear transformation gate l omitted) and D7 (l ⊙ Hx
+    put inside the tanh): one step of dtgru (L-GRU + one T-GRU, LN on, random gains/biases) against
+    MODELS.md 4.7 written out by hand."""
+    torch.manual_seed(0)
+    size = 3
+    enc = DeepTransitionGRU(4, size, transition_depth=1).double().eval()
+    with torch.no_grad():
+        for p in enc.parameters():
+            p.copy_(torch.randn_like(p))
+    x = torch.randn(2, 1, 4, dtype=torch.float64)
+    h0 = torch.randn(1, 2, size, dtype=torch.float64)
+    with torch.no_grad():
+        out, _ = enc(x, state=h0)
+    l_gru, t_gru = enc.cells[0].cells
+    wx = l_gru.x_proj.weight.split(size)  # W_xr, W_xu, W_xl, W_xh, H
+    wh = l_gru.h_proj.weight.split(size)  # W_hr, W_hu, W_hl, W_hh
+    xt, h = x[:, 0], h0[0]
+
+    def gate(j, cell, x_term):  # σ(LN(W_x x + W_h h) · gain + offset), LN without affine, ε = 1e-6
+        pre = h @ cell.h_proj.weight.split(size)[j].t()
+        if x_term is not None:
+            pre = pre + x_term
+        return torch.sigmoid(_ln(pre) * cell.gate_gain[j] + cell.gate_bias[j])
+
+    with torch.no_grad():
+        r, u, l_gate = (gate(j, l_gru, xt @ wx[j].t()) for j in range(3))
+        cand = torch.tanh(xt @ wx[3].t() + r * (h @ wh[3].t() + l_gru.candidate_bias)) + l_gate * (xt @ wx[4].t())
+        h = (1 - u) * h + u * cand
+        r, u = gate(0, t_gru, None), gate(1, t_gru, None)
+        cand = torch.tanh(r * (h @ t_gru.h_proj.weight.split(size)[2].t() + t_gru.candidate_bias))
+        h = (1 - u) * h + u * cand
+    torch.testing.assert_close(out[:, 0], h)

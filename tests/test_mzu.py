@@ -424,3 +424,35 @@ def test_autocast_projects_the_input_in_bfloat16_and_runs_the_recurrence_in_floa
         assert torch.equal(a, b)
     by_hand = False
     assert not torch.equal(encoder(x, mask)[0], results[0][0])  # bfloat16 did run
+
+
+def test_mzu_candidate_dropout_acts_in_training_on_the_candidate():
+    """Kills M13 (no dropout on h̃). At t = 0 from h = 0 the trained candidate is either 0 or the
+    evaluation candidate / (1 - p) (inverted dropout), and both cases occur."""
+    torch.manual_seed(0)
+    enc = MZU(3, 8, dropout=0.5, composition="sat", disagreement=0.0).double()
+    x = torch.randn(4, 2, 3, dtype=torch.float64)
+    with torch.no_grad():
+        cand_eval = enc.eval().trace(x)[0][:, 0, 0]
+        cand_train = enc.train().trace(x)[0][:, 0, 0]
+    dropped = cand_train == 0
+    assert bool(dropped.any()) and bool((~dropped).any())
+    torch.testing.assert_close(cand_train[~dropped], 2 * cand_eval[~dropped])
+    assert bool((cand_eval[dropped] != 0).all())
+
+
+def test_mzu_step_is_eqs_1_to_3():
+    """Kills M19 (sigmoid candidate, also M11 / M12): h_t = (1 − g) ⊙ h + g ⊙ tanh(M_h(u)), g = σ(M_g(u)),
+    u = [x; h], with the M-functions called as modules (MODELS.md 4.1). The fast path and the
+    reference share MZUTransition.activations, so comparing them cannot catch an activation swap."""
+    torch.manual_seed(0)
+    enc = MZU(3, 8, composition="sat", disagreement=0.0).double().eval()
+    x = torch.randn(2, 1, 3, dtype=torch.float64)
+    h0 = torch.randn(1, 2, 8, dtype=torch.float64)
+    cell = enc.cells[0].transitions[0]
+    with torch.no_grad():
+        out, _ = enc(x, state=h0)
+        u = torch.cat([x[:, 0], h0[0]], -1)
+        g = torch.sigmoid(cell.gate(u))
+        expected = (1 - g) * h0[0] + g * torch.tanh(cell.candidate(u))
+    torch.testing.assert_close(out[:, 0], expected)

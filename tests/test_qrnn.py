@@ -175,3 +175,26 @@ def test_jit_trace_records_the_reference_pooling(grad):
     new = torch.randn(3, 5, 4)
     with torch.no_grad():
         torch.testing.assert_close(traced(new, mask)[0], encoder(new, mask)[0])
+
+
+def test_bidirectional_qrnn_outputs_forward_half_then_backward_half():
+    """Kills Q7 (torch.cat([h_back, h])): the forward direction fills the first H channels (of the
+    outputs and of c), the backward direction the last H, each equal to a unidirectional QRNN with
+    its weights (the backward one run on the row's real tokens reversed)."""
+    torch.manual_seed(0)
+    bi = QRNN(3, 4, bidirectional=True, pooling="fo").double().eval()
+    fwd, bwd = QRNN(3, 4, pooling="fo").double().eval(), QRNN(3, 4, pooling="fo").double().eval()
+    fwd.layers[0][0].load_state_dict(bi.layers[0][0].state_dict())
+    bwd.layers[0][0].load_state_dict(bi.layers[0][1].state_dict())
+    x = torch.randn(2, 5, 3, dtype=torch.float64)
+    lengths = torch.tensor([5, 3])
+    mask = torch.arange(5) < lengths.unsqueeze(1)
+    with torch.no_grad():
+        out, state = bi(x, mask)
+        out_f, state_f = fwd(x, mask)
+        torch.testing.assert_close(out[..., :4], out_f)
+        torch.testing.assert_close(state[0][0][:, :4], state_f[0][0])
+        for b, n in enumerate(lengths.tolist()):
+            out_b, state_b = bwd(x[b : b + 1, :n].flip(1))
+            torch.testing.assert_close(out[b, :n, 4:], out_b[0].flip(0))
+            torch.testing.assert_close(state[0][0][b, 4:], state_b[0][0][0])

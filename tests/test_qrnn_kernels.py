@@ -484,3 +484,20 @@ def test_library_from_other_sources_is_refused(monkeypatch):
     finally:
         monkeypatch.undo()
         pool_module._compiled_library.cache_clear()
+
+
+@pytest.mark.skipif(pool_backend() != "compiled", reason="compiled kernel not built")
+@pytest.mark.parametrize("pooling", list(POOLINGS))
+def test_compiled_pool_scales_a_keep_mask_by_keep_prob_like_the_reference(pooling):
+    """Kills C11 (SCALE(j) = keep[j], dropping keep_prob when a mask is given). The encoder never
+    passes both, so this guards the public qrnn_pool signature only (backends must agree)."""
+    gen = torch.Generator().manual_seed(0)
+    gates = torch.randn(2, 4, POOLINGS[pooling], 3, generator=gen, dtype=torch.float64)
+    c0 = torch.randn(2, 3, generator=gen, dtype=torch.float64)
+    keep = torch.rand(2, 4, 3, generator=gen) >= 0.3
+    lengths = torch.tensor([4, 2])
+    kwargs = {"pooling": pooling, "keep": keep, "keep_prob": 0.7}
+    for a, b in zip(
+        qrnn_pool_compiled(gates, lengths, c0, **kwargs), qrnn_pool_reference(gates, lengths, c0, **kwargs), strict=True
+    ):
+        torch.testing.assert_close(a, b)

@@ -472,3 +472,106 @@ def test_translation_without_sacrebleu_fails_before_training(tmp_path, monkeypat
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "sacrebleu" else real_find_spec(name))
     with pytest.raises(ConfigError, match=r"sacrebleu: pip install 'seqzoo\[bleu\]'"):
         TranslationTask(cfg, read_splits(cfg.data))
+
+
+def _f_pool(gates: torch.Tensor) -> torch.Tensor:
+    """f-pooling by hand over gates (B, T, 2, H) from c_0 = 0 -> c (B, T, H)."""
+    z, f = torch.tanh(gates[:, :, 0]), torch.sigmoid(gates[:, :, 1])
+    c, cells = torch.zeros_like(z[:, 0]), []
+    for t in range(z.shape[1]):
+        c = f[:, t] * c + (1 - f[:, t]) * z[:, t]
+        cells.append(c)
+    return torch.stack(cells, 1)
+
+
+def test_attention_decoder_layer_follows_eq_8_and_is_zero_at_pads():
+    """Kills SS8 (scores scaled by 1/√H: eq. 8 is a plain dot product c_t · h̃_s) and SS10 (h not
+    zeroed at target pads, which the layer promises)."""
+    torch.manual_seed(0)
+    layer = QRNNDecoderLayer(3, 4, window=1, attention=True).double()
+    x = torch.randn(2, 3, 3, dtype=torch.float64)
+    lengths = torch.tensor([3, 1])
+    memory = torch.randn(2, 5, 4, dtype=torch.float64)
+    src_mask = torch.arange(5) < torch.tensor([5, 2]).unsqueeze(1)
+    final = torch.randn(2, 4, dtype=torch.float64)
+    with torch.no_grad():
+        h, _, alpha = layer(x, lengths, EncoderOutput(memory, src_mask, [final]), layer.condition(final))
+        gates = (layer.linear(x) + layer.condition(final).unsqueeze(1)).view(2, 3, 3, 4)
+        c = _f_pool(gates[:, :, :2])
+        scores = (c @ memory.transpose(1, 2)).masked_fill(~src_mask.unsqueeze(1), float("-inf"))
+        expected_alpha = torch.softmax(scores, -1)
+        expected_h = torch.sigmoid(gates[:, :, 2]) * layer.output(torch.cat([c, expected_alpha @ memory], -1))
+    real = torch.arange(3) < lengths.unsqueeze(1)
+    torch.testing.assert_close(alpha[real], expected_alpha[real])
+    torch.testing.assert_close(h[real], expected_h[real])
+    assert bool((h[~real] == 0).all()), "outputs at target pads must be zero"
+
+
+def _tiny_model(seed: int) -> QRNNSeq2Seq:
+    torch.manual_seed(seed)
+    return QRNNSeq2Seq(6, 4, 3, num_layers=1, encoder_window=1, decoder_window=1).double().eval()
+
+
+def _exhaustive_best(model, src, src_mask, max_len):
+    """The best hypothesis at alpha = 0 over every sequence of the free tokens {1, 4, 5} that a search
+    to ``max_len`` can end with: finished ones (<eos> within max_len steps, its log-probability
+    included) and the live ones of exactly max_len tokens (scored as they stand, beam_search's docstring)."""
+    encoded = model.encode(src, src_mask)
+
+    @torch.no_grad()
+    def score(seq, finished):
+        logp = F.log_softmax(model.decode(torch.tensor([[BOS, *seq]]), encoded)[0][0], -1)
+        tokens = [*seq, EOS] if finished else seq
+        return float(sum(logp[i, tok] for i, tok in enumerate(tokens)))
+
+    options = [(score(list(c), True), list(c)) for n in range(max_len) for c in itertools.product([1, 4, 5], repeat=n)]
+    options += [(score(list(c), False), list(c)) for c in itertools.product([1, 4, 5], repeat=max_len)]
+    return max(options)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("eos_shift", [0.0, -3.0])
+def test_a_beam_wider_than_all_prefixes_is_an_exhaustive_search(seed, eos_shift):
+    """Kills SS4 (every initial beam slot live: K copies of <bos> fill the beam with duplicates) and
+    SS12 (at the step limit, live hypotheses compete only when nothing has finished; an unlikely
+    <eos>, eos_shift = -3, makes a live one the best). With K = 50 every prefix of <= 2 free tokens
+    stays in the beam, so the search is exact at alpha = 0."""
+    model = _tiny_model(seed)
+    with torch.no_grad():
+        model.generator.bias[EOS] += eos_shift
+    src, src_mask = pad_batch([[4, 5]])
+    best_score, _ = _exhaustive_best(model, src, src_mask, max_len=2)
+    found = beam_search(model, src, src_mask, BOS, EOS, beam_size=50, alpha=0.0, max_len=2)[0]
+    encoded = model.encode(src, src_mask)
+    with torch.no_grad():
+        logp = F.log_softmax(model.decode(torch.tensor([[BOS, *found]]), encoded)[0][0], -1)
+    tokens = found if len(found) == 2 else [*found, EOS]  # a 2-token result is a live hypothesis at the limit
+    assert float(sum(logp[i, t] for i, t in enumerate(tokens))) == pytest.approx(best_score)
+
+
+def test_bos_is_never_emitted():
+    """Kills SS5 (<bos> left out of the banned ids): even when the model prefers <bos> it is not emitted."""
+    model = _tiny_model(0)
+    with torch.no_grad():
+        model.generator.bias[BOS] += 20.0
+    src, src_mask = pad_batch([[4, 5], [1]])
+    for out in beam_search(model, src, src_mask, BOS, EOS, beam_size=3, max_len=6):
+        assert BOS not in out
+
+
+def test_beam_ranking_uses_source_length_plus_5_as_target_length(monkeypatch):
+    """Kills SS9 (T_trg = source length): appendix eq. 9's T_trg is the source length + 5."""
+    import seqzoo.seq2seq as s2s
+
+    seen = []
+    original = s2s.length_normalized_score
+
+    def recording(log_prob, length, target, alpha):
+        seen.append(target)
+        return original(log_prob, length, target, alpha)
+
+    monkeypatch.setattr(s2s, "length_normalized_score", recording)
+    model = _tiny_model(1)
+    src, src_mask = pad_batch([[4, 5, 1], [5]])
+    beam_search(model, src, src_mask, BOS, EOS, beam_size=2, max_len=4)
+    assert seen and set(seen) <= {3 + 5, 1 + 5} and len(set(seen)) == 2

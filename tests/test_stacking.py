@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import seqzoo.mzu
 import seqzoo.qrnn  # noqa: F401  (registers "qrnn")
@@ -47,3 +48,20 @@ def test_a_dense_stack_adds_up_its_layers_regularisers():
     assert all(loss is not None for loss in each)
     assert torch.allclose(stack.auxiliary_loss(), each[0] + each[1])
     assert build_encoder("dense_lstm", 6, hidden_size=4).auxiliary_loss() is None
+
+
+def test_dense_stack_applies_dropout_between_layers_only():
+    """Kills S1 (no dropout on the passed-on outputs) and S2 (dropout also after the last layer):
+    in training the stack equals layer 2 run on [x; dropout(layer 1(x))] with the same draws."""
+    torch.manual_seed(0)
+    stack = DenseStack("lstm", 3, 4, num_layers=2, dropout=0.5).double().train()
+    x = torch.randn(2, 5, 3, dtype=torch.float64)
+    with torch.no_grad():
+        torch.manual_seed(1)
+        out, _ = stack(x)
+        torch.manual_seed(1)
+        h1, _ = stack.layers[0](x)
+        dropped = F.dropout(h1, 0.5, training=True)
+        h2, _ = stack.layers[1](torch.cat([x, dropped], -1))
+    assert not torch.equal(dropped, h1)
+    torch.testing.assert_close(out, h2)
