@@ -78,7 +78,9 @@ class ClassificationDataConfig:
     embedding_dim: int = 50
     freeze_embeddings: bool = False
     folds: int = 5  # k-fold cross-validation when the task has no test split
-    dev_fraction: float = 0.1  # held out of train when the task has no dev split
+    # Held out of train when the task has no dev split, drawn with train.seed (so each seed of a
+    # multi-seed run holds out its own dev set; ABSA draws its with a fixed data.dev_seed).
+    dev_fraction: float = 0.1
 
     def __post_init__(self) -> None:
         _require(

@@ -35,3 +35,25 @@ def test_a_corrupt_tensor_file_is_a_data_error_naming_it(tmp_path):
         path.write_bytes(data)
         with pytest.raises(DataError, match=rf"^{re.escape(str(path))}: corrupt or truncated safetensors file"):
             load_tensors(path)
+
+
+def test_a_crash_after_the_swap_but_before_cleanup_resolves_to_the_new_checkpoint(tmp_path):
+    """C1: both last/ (new, complete) and last.old/ (previous) exist: the new one is the checkpoint."""
+    from seqzoo.checkpoint import load_tensors, resolve_checkpoint, save_checkpoint_dir
+
+    save_checkpoint_dir(tmp_path / "last", {"model": {"w": torch.ones(2)}}, {})
+    save_checkpoint_dir(tmp_path / "last.old", {"model": {"w": torch.zeros(2)}}, {})  # (saving last/ removes .old)
+    assert (tmp_path / "last.old").is_dir()
+    found = resolve_checkpoint(tmp_path / "last")
+    assert found == tmp_path / "last"
+    assert torch.equal(load_tensors(found / "model.safetensors")["w"], torch.ones(2))
+
+
+def test_a_directory_without_tensors_is_no_checkpoint(tmp_path):
+    """C3: an empty best/ (created by hand, or by a tool) is not 'complete'; its .old twin is used."""
+    from seqzoo.checkpoint import resolve_checkpoint, save_checkpoint_dir
+
+    (tmp_path / "best").mkdir()
+    assert resolve_checkpoint(tmp_path / "best") is None
+    save_checkpoint_dir(tmp_path / "best.old", {"model": {"w": torch.zeros(2)}}, {})
+    assert resolve_checkpoint(tmp_path / "best") == tmp_path / "best.old"

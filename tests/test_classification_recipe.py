@@ -1,14 +1,17 @@
 """The classification recipe's cross-validated runs: evaluating a fold uses that fold's own splits."""
 
 import json
+import random
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
+import torch.nn.functional as F
 from conftest import metric_records, write_sentiment_corpus
 
 from seqzoo.cli import main
-from seqzoo.config import RunConfig, config_from_dict
+from seqzoo.config import RunConfig, config_from_dict, load_config
 from seqzoo.data.errors import DataError
 from seqzoo.runner import load_task, run
 
@@ -77,3 +80,68 @@ def test_a_fold_that_cannot_be_rebuilt_is_a_data_error(tmp_path, capsys):
     train.write_text(train.read_text().replace("film", "picture"))  # the data changed since training
     assert main(["evaluate", str(run_dir / "fold-2")]) == 2
     assert "fold-2 rebuilt from this data does not give the vocabulary" in capsys.readouterr().err
+
+
+def _classification_task(tmp_path: Path, *overrides: str, dev_file: bool = True):
+    from seqzoo.tasks.classification import build_tasks
+
+    rng = random.Random(0)
+    words = "good bad film plot actor scene story the a is was".split()
+    for split, n in (("train", 60), ("dev", 10), ("test", 10)):
+        if split == "dev" and not dev_file:
+            continue
+        lines = [f"{'pos' if i % 2 else 'neg'}\t{' '.join(rng.choices(words, k=rng.randint(2, 9)))}" for i in range(n)]
+        (tmp_path / f"toy.{split}").write_text("\n".join(lines) + "\n")
+    config = load_config(
+        None,
+        [
+            "data.name=toy", f"data.data_dir={tmp_path}", "data.embedding_dim=8",
+            "model.encoder_args={hidden_size: 4, bidirectional: true}", "train.batch_size=4", "train.device=cpu",
+            *overrides,
+        ],
+    )  # fmt: skip
+    ((_, task),) = build_tasks(config)
+    return task
+
+
+def test_each_epoch_has_its_own_seeded_shuffle(tmp_path):
+    """A1 / CL1: the batch order is shuffled, differs between epochs, and is a function of (seed, epoch)."""
+    from seqzoo.data.batching import bucket_batches
+
+    task = _classification_task(tmp_path)
+    lengths = [len(s) for s in task.splits["train"].ids]
+    assert task.train_batches(0) != bucket_batches(lengths, 4, shuffle=False)  # shuffled
+    assert task.train_batches(0) != task.train_batches(1)  # reshuffled every epoch
+    assert task.train_batches(1) == _classification_task(tmp_path).train_batches(1)  # reproducible
+
+
+def test_max_len_keeps_the_first_max_len_tokens(tmp_path):
+    """CL3 / N2: data.max_len truncates to exactly max_len tokens (training and plot-hidden alike)."""
+    from seqzoo.analysis import hidden_states
+
+    task = _classification_task(tmp_path, "data.max_len=3")
+    lengths = [len(s) for s in task.splits["train"].ids]
+    assert max(lengths) == 3
+    states = hidden_states(task, "good film plot actor scene")
+    assert states.tokens == ["good", "film", "plot"] and states.values.shape[0] == 3
+
+
+def test_the_dev_hold_out_follows_the_run_seed(tmp_path):
+    """CL4: without a dev file, each seed holds out its own dev set (load_data(cfg, train.seed))."""
+    held = []
+    for seed in (1, 2):
+        task = _classification_task(tmp_path, f"train.seed={seed}", dev_file=False)
+        held.append(sorted(map(tuple, task.splits["dev"].ids)))
+    assert held[0] != held[1]
+
+
+def test_accuracy_and_loss_average_over_examples_not_batches():
+    """A2: batches of unequal size: the loss is the mean over all examples."""
+    from seqzoo.tasks.common import accuracy_and_loss
+
+    torch.manual_seed(0)
+    logits, labels = torch.randn(7, 3), torch.tensor([0, 1, 2, 0, 1, 2, 0])
+    batches = [(logits[:5], labels[:5]), (logits[5:], labels[5:])]
+    result = accuracy_and_loss(torch.nn.Identity(), iter(batches))
+    assert result["loss"] == pytest.approx(F.cross_entropy(logits, labels).item(), rel=1e-6)
+    assert result["accuracy"] == pytest.approx((logits.argmax(-1) == labels).float().mean().item())

@@ -2,7 +2,14 @@ import re
 
 import pytest
 
-from seqzoo.config import ClassificationDataConfig, ConfigError, LMDataConfig, config_to_dict, inert_keys, load_config
+from seqzoo.config import (
+    ClassificationDataConfig,
+    ConfigError,
+    LMDataConfig,
+    config_to_dict,
+    inert_keys,
+    load_config,
+)
 
 
 def test_yaml_and_overrides(tmp_path):
@@ -210,3 +217,11 @@ def test_a_run_config_stores_only_the_keys_that_have_an_effect():
     stored = config_to_dict(config)
     assert "batch_size" not in stored["train"] and "seed" not in stored["train"] and "pooler" not in stored["model"]
     assert stored["data"]["batch_size"] == 20 and stored["train"]["seeds"] == [1, 2]
+
+
+def test_override_edge_cases():
+    """K3: an empty value is null; K9: a value may contain '='; K4: min_lr may equal lr."""
+    assert load_config(None, ["train.patience="]).train.patience is None
+    assert load_config(None, ["name=a=b"]).name == "a=b"
+    cfg = load_config(None, ["optim.schedule=cosine", "optim.lr=0.01", "optim.min_lr=0.01"])
+    assert cfg.optim.min_lr == cfg.optim.lr == 0.01

@@ -59,3 +59,12 @@ def test_char_level_reads_crlf_and_cr_files_as_lf(tmp_path):
         path.write_bytes(text.replace("\n", ending).encode())
         assert read_lm_tokens(path, "char") == list(text)
         assert read_lm_tokens(path, "word") == read_lm_tokens(FIXTURES / "lm.txt", "word")
+
+
+def test_a_blank_line_contributes_an_eos_token(tmp_path):
+    """L3: word level: a blank line is just <eos> (it still counts in the perplexity's denominator)."""
+    from seqzoo.data.lm import EOS, read_lm_tokens
+
+    path = tmp_path / "t.txt"
+    path.write_text("a b\n\nc\n")
+    assert read_lm_tokens(path, "word") == ["a", "b", EOS, EOS, "c", EOS]

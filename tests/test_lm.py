@@ -431,3 +431,68 @@ def test_tokens_outside_the_training_vocabulary_are_counted_in_a_warning(corpus,
         assert message.startswith(f"test: {count} of its ")
         assert f"; {distinct} distinct) are not in the training vocabulary" in message
         assert ("they raise the BPC" in message) is (level == "char")
+
+
+def _lm_config(data_dir: Path, **data):
+    return config_from_dict(
+        {
+            "task": "lm",
+            "data": {"data_dir": str(data_dir), "level": "word", "batch_size": 2, "eval_batch_size": 2, "bptt": 4,
+                     "embedding_dim": 8, **data},
+            "model": {"encoder": "lstm", "encoder_args": {"hidden_size": 8}, "dropout": 0.0, "embedding_dropout": 0.0,
+                      "tie_weights": True},
+            "train": {"device": "cpu"},
+        }
+    )  # fmt: skip
+
+
+@pytest.fixture
+def lm_task(tmp_path):
+    from seqzoo.tasks.lm import LMTask, read_splits
+
+    rng = random.Random(0)
+    words = "the cat dog sat on mat ran to a tree".split()
+    for stem in ("train", "valid", "test"):
+        lines = [" ".join(rng.choices(words, k=rng.randint(3, 6))) for _ in range(12)]
+        (tmp_path / f"{stem}.txt").write_text("\n".join(lines) + "\n")
+    config = _lm_config(tmp_path)
+    torch.manual_seed(0)
+    task = LMTask(config, read_splits(config.data))
+    task.model.train()  # dropout is 0: training mode is deterministic
+    return task
+
+
+def test_lm_training_carries_the_state_from_window_to_window(lm_task):
+    """M3: window 1 is read with window 0's final state (TBPTT), i.e. as one pass over both windows."""
+    from seqzoo.data.lm import batchify, tbptt_batches
+
+    windows = tbptt_batches(batchify(lm_task.ids["train"], 2), 4)
+    (x0, _), (x1, y1) = windows[0], windows[1]
+    with torch.no_grad():
+        lm_task.train_loss(0)
+        carried = lm_task.train_loss(1).loss.item()
+        logits, _ = lm_task.model(torch.cat([x0, x1], 1))
+        one_pass = F.cross_entropy(logits[:, x0.shape[1] :].reshape(-1, logits.shape[-1]), y1.reshape(-1)).item()
+    assert carried == pytest.approx(one_pass, rel=1e-5)
+
+
+def test_lm_training_state_is_reset_at_the_first_window_of_an_epoch(lm_task):
+    """M1: the first window of every epoch is read from the zero state, not from the last window's."""
+    with torch.no_grad():
+        first = lm_task.train_loss(0).loss.item()
+        for batch in lm_task.train_batches(0)[1:]:
+            lm_task.train_loss(batch)
+        again = lm_task.train_loss(lm_task.train_batches(1)[0]).loss.item()
+    assert again == pytest.approx(first, rel=1e-6)
+
+
+def test_lm_step_loss_counts_target_tokens(lm_task):
+    """M7: each window's loss is a mean over its target tokens, and counts them (the epoch's
+    train_loss is then per token; the last window is shorter)."""
+    from seqzoo.data.lm import batchify, tbptt_batches
+
+    windows = tbptt_batches(batchify(lm_task.ids["train"], 2), 4)
+    assert windows[-1][1].numel() != windows[0][1].numel()  # the fixture has a short last window
+    with torch.no_grad():
+        counts = [lm_task.train_loss(b).count for b in lm_task.train_batches(0)]
+    assert counts == [y.numel() for _, y in windows]

@@ -6,6 +6,7 @@ import importlib.util
 import itertools
 import json
 import math
+import random
 from pathlib import Path
 
 import pytest
@@ -358,7 +359,6 @@ def test_a_training_set_emptied_by_max_chars_is_refused(tmp_path):
 
 def _write_copy_corpus(root: Path) -> None:
     """A toy 'translation' that reverses words, enough for the pipeline to learn something."""
-    import random
 
     rng = random.Random(0)
     words = ["ab", "cd", "ef", "gh", "ij"]
@@ -575,3 +575,56 @@ def test_beam_ranking_uses_source_length_plus_5_as_target_length(monkeypatch):
     src, src_mask = pad_batch([[4, 5, 1], [5]])
     beam_search(model, src, src_mask, BOS, EOS, beam_size=2, max_len=4)
     assert seen and set(seen) <= {3 + 5, 1 + 5} and len(set(seen)) == 2
+
+
+def _translation_corpus(tmp_path: Path) -> None:
+    pairs = {"train": [("abcde", "edcba"), ("ab", "ba"), ("abcdef", "fedcba")], "dev": [("abc", "cba"), ("a", "a")]}
+    pairs["test"] = pairs["dev"]
+    for split, rows in pairs.items():
+        (tmp_path / f"{split}.de").write_text("".join(s + "\n" for s, _ in rows))
+        (tmp_path / f"{split}.en").write_text("".join(t + "\n" for _, t in rows))
+
+
+def _translation_config(tmp_path: Path, *overrides: str):
+    return load_config(
+        None,
+        [
+            "task=translation", f"data.data_dir={tmp_path}", "data.embedding_dim=8", "data.beam_size=1",
+            "model.encoder=lstm", "model.encoder_args={hidden_size: 8, num_layers: 1}", "model.dropout=0.0",
+            "train.device=cpu", *overrides,
+        ],
+    )  # fmt: skip
+
+
+def test_max_chars_keeps_pairs_of_exactly_max_chars(tmp_path):
+    """TR1: 'a side longer than data.max_chars' is dropped; a side of exactly max_chars is kept."""
+    from seqzoo.tasks.translation import read_splits
+
+    _translation_corpus(tmp_path)
+    pairs = read_splits(_translation_config(tmp_path, "data.max_chars=5").data)
+    assert pairs["train"] == [("abcde", "edcba"), ("ab", "ba")]
+
+
+def test_translation_loss_is_the_nll_per_target_character_ignoring_padding(tmp_path):
+    """TR2 / TR4: dev loss = teacher-forced NLL summed over real target characters (<eos> included,
+    padding excluded) / their number, whatever the batching."""
+    pytest.importorskip("sacrebleu")
+    from seqzoo.tasks.translation import TranslationTask, read_splits
+
+    _translation_corpus(tmp_path)
+    config = _translation_config(tmp_path)
+    torch.manual_seed(0)
+    task = TranslationTask(config, read_splits(config.data))
+    nll, count = 0.0, 0
+    task.model.eval()
+    with torch.no_grad():
+        for source, target in task.ids["dev"]:  # one pair at a time: no padding anywhere
+            src = torch.tensor([source])
+            tgt_in = torch.tensor([[task.bos_id, *target]])
+            tgt_out = torch.tensor([[*target, task.eos_id]])
+            logits = task.model(
+                src, torch.ones_like(src, dtype=torch.bool), tgt_in, torch.ones_like(tgt_in, dtype=torch.bool)
+            )
+            nll += F.cross_entropy(logits[0], tgt_out[0], reduction="sum").item()
+            count += tgt_out.numel()
+    assert task.evaluate("dev")["loss"] == pytest.approx(nll / count, rel=1e-5)

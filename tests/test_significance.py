@@ -161,3 +161,16 @@ def test_absa_runs_are_compared_by_their_test_file_and_subset(tmp_path, capsys):
     (b / "config.yaml").write_text("task: absa\ndata: {train: /x/R_Train.xml, test: /x/R_Test.xml, subset: hds}\n")
     with pytest.warns(UserWarning, match="different data \\(subset 'ds' vs 'hds'\\)"):
         assert main(["compare", str(a), str(b)]) == 0
+
+
+def test_compare_treats_seeds_not_folds_as_samples(tmp_path):
+    """S7: folds of one seed are averaged before Welch's test (README: folds are no independent samples)."""
+    from seqzoo.significance import compare_runs
+
+    for name, base in (("a", 0.70), ("b", 0.80)):
+        runs = {f"seed-{s}/fold-{k}": {"test_accuracy": base + 0.01 * s + 0.001 * k} for s in (1, 2) for k in (1, 2)}
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps({"runs": runs}))
+    (record,) = compare_runs(tmp_path / "a", tmp_path / "b")
+    assert record["a"] == pytest.approx([0.7115, 0.7215])  # one value per seed
+    assert record["b"] == pytest.approx([0.8115, 0.8215])

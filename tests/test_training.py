@@ -839,3 +839,59 @@ def test_fp16_loss_scale_is_checkpointed_and_restored_on_resume(toy_corpus, tmp_
     assert main(["train", "--resume", str(run_dir), "--set", "train.epochs=2"]) == 0
     assert [s["scale"] for s in loaded] == [1024.0]
     assert json.loads((run_dir / "last/train_state.json").read_text())["grad_scaler"]["scale"] == 1024.0
+
+
+def _fit(tmp_path: Path, dev: list[float], *overrides: str) -> list[dict]:
+    base = ["train.progress=false", "train.checkpoint_every=0", "train.log_every=null", "optim.lr=0.1"]
+    config = load_config(None, [*base, f"train.epochs={len(dev)}", *overrides])
+    Trainer(config, _ScriptedDev(dev), tmp_path / "r").fit()
+    return [r for r in metric_records(tmp_path / "r") if r["event"] == "epoch"]
+
+
+def test_clipping_bounds_the_update_that_the_optimiser_applies():
+    """T4: clip_grad_norm_ must actually rescale the gradients the step uses (not only report the norm)."""
+    from seqzoo.training import update
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    norm = update(model, optimizer, (100 * model(torch.randn(5, 4))).pow(2).sum(), clip_norm=0.5)
+    step = torch.cat([(b - p.detach()).flatten() for b, p in zip(before, model.parameters(), strict=True)])
+    assert norm > 0.5
+    assert step.norm().item() == pytest.approx(0.5, rel=1e-4)  # SGD, lr 1: the step is the clipped gradient
+
+
+def test_plateau_schedule_decays_only_after_an_epoch_without_improvement(tmp_path):
+    """T11: plateau decays after a bad epoch (epoch 3), not after the improving ones."""
+    records = _fit(tmp_path, [3.0, 2.0, 2.5, 1.0], "optim.schedule=plateau", "optim.decay=0.5")
+    assert [r["lr"] for r in records] == pytest.approx([0.1, 0.1, 0.1, 0.05])
+
+
+def test_step_after_runs_the_first_decay_start_epochs_at_the_full_rate(tmp_path):
+    """T10: with decay_start 2, epochs 1-2 run at lr, epoch 3 at lr*decay, epoch 4 at lr*decay²."""
+    overrides = ("optim.schedule=step_after", "optim.decay_start=2", "optim.decay=0.5")
+    records = _fit(tmp_path, [4.0, 3.0, 2.0, 1.0], *overrides)
+    assert [r["lr"] for r in records] == pytest.approx([0.1, 0.1, 0.05, 0.025])
+
+
+def test_epoch_decay_stops_at_min_lr(tmp_path):
+    """T9: an epoch schedule never takes the rate below optim.min_lr."""
+    overrides = ("optim.schedule=exponential", "optim.decay=0.5", "optim.min_lr=0.03")
+    records = _fit(tmp_path, [4.0, 3.0, 2.0, 1.0], *overrides)
+    assert [r["lr"] for r in records] == pytest.approx([0.1, 0.05, 0.03, 0.03])
+
+
+def test_an_improvement_resets_the_early_stopping_count(tmp_path):
+    """T7: patience counts epochs *in a row* without a gain: bad, gain, bad, bad stops after epoch 5."""
+    records = _fit(tmp_path, [1.0, 2.0, 0.5, 0.6, 0.7, 0.8], "train.patience=2")
+    assert [r["epoch"] for r in records] == [1, 2, 3, 4, 5]
+    assert metric_records(tmp_path / "r")[-1]["best_epoch"] == 3
+
+
+def test_per_seed_averages_each_metric_over_the_runs_that_have_it():
+    """R1: a metric missing from one fold is averaged over the folds that report it."""
+    from seqzoo.runner import per_seed
+
+    runs = {"fold-1": {"a": 1.0, "b": 2.0}, "fold-2": {"a": 2.0, "b": 4.0}, "fold-3": {"a": 3.0}}
+    assert per_seed(runs) == {".": {"a": pytest.approx(2.0), "b": pytest.approx(3.0)}}
