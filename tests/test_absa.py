@@ -229,7 +229,7 @@ def _sentence(sid: str, text: str, terms: list[tuple[str, str]]) -> str:
 
 
 def test_an_aspect_term_may_end_the_sentence(tmp_path):
-    """B3: to == len(text) is valid (e.g. a sentence without final punctuation)."""
+    """To == len(text) is valid (e.g. a sentence without final punctuation)."""
     from seqzoo.data.absa import read_semeval2014
 
     path = tmp_path / "a.xml"
@@ -239,7 +239,7 @@ def test_an_aspect_term_may_end_the_sentence(tmp_path):
 
 
 def test_hds_groups_by_sentence_not_by_equal_text():
-    """B7: two sentences that happen to have the same text, one aspect each, are not hard."""
+    """Two sentences that happen to have the same text, one aspect each, are not hard."""
     from seqzoo.data.absa import AspectExample, hard_subset
 
     a = AspectExample("1", 0, "Good food.", "food", 5, 9, "positive")
@@ -273,7 +273,7 @@ def _absa_config(train: Path, test: Path):
 
 
 def test_absa_dev_sentences_are_held_out_of_train(tmp_path):
-    """AB3: without data.dev, the dev sentences are removed from train (no selection on training data)."""
+    """Without data.dev, the dev sentences are removed from train (no selection on training data)."""
     from seqzoo.data.absa import read_semeval2014
     from seqzoo.tasks.absa import load_splits
 
@@ -286,7 +286,7 @@ def test_absa_dev_sentences_are_held_out_of_train(tmp_path):
 
 
 def test_absa_vocabulary_comes_from_train_only(tmp_path):
-    """AB2: words seen only in test ('zucchini', 'waiter') are <unk>, not vocabulary entries."""
+    """Words seen only in test ('zucchini', 'waiter') are <unk>, not vocabulary entries."""
     from seqzoo.tasks.absa import ABSATask, load_splits
 
     train, test = _absa_files(tmp_path)

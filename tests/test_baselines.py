@@ -544,7 +544,7 @@ def test_dropout_between_layers_of_a_single_layer_warns(name):
 
 
 def test_sinusoidal_positions_follow_vaswani():
-    """Kills B3 (sin in the odd columns): PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(...)."""
+    """Vaswani et al.: PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(...), odd d included."""
     for dim in (6, 7):
         table = sinusoidal_positions(5, dim)
         for p, i in itertools.product(range(5), range(dim)):
@@ -554,7 +554,7 @@ def test_sinusoidal_positions_follow_vaswani():
 
 
 def test_transformer_scales_its_projected_input_by_sqrt_d_model():
-    """Kills B2 (no √d_model scaling): the layers read proj(x)·√d + positions (Vaswani 3.4–3.5)."""
+    """The layers read proj(x)·√d + positions (Vaswani et al., 3.4–3.5)."""
     torch.manual_seed(0)
     enc = TransformerEncoder(3, hidden_size=8, num_layers=1, nhead=2, dropout=0.0).eval()
     seen = []
@@ -567,8 +567,8 @@ def test_transformer_scales_its_projected_input_by_sqrt_d_model():
 
 
 def test_bidirectional_last_pooler_takes_the_backward_half_at_t0():
-    """Kills P2 (both halves at the last real token): the backward direction has read the whole
-    row at t = 0, the forward one at the row's last real token."""
+    """The backward half is taken at t = 0, where that direction has read the whole row, the
+    forward half at the row's last real token."""
     pool = LastPooler(4, bidirectional=True)
     out = torch.arange(2 * 5 * 4, dtype=torch.float64).view(2, 5, 4)
     lengths = torch.tensor([5, 3])

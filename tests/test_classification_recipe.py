@@ -105,7 +105,7 @@ def _classification_task(tmp_path: Path, *overrides: str, dev_file: bool = True)
 
 
 def test_each_epoch_has_its_own_seeded_shuffle(tmp_path):
-    """A1 / CL1: the batch order is shuffled, differs between epochs, and is a function of (seed, epoch)."""
+    """The batch order is shuffled, differs between epochs, and is a function of (seed, epoch)."""
     from seqzoo.data.batching import bucket_batches
 
     task = _classification_task(tmp_path)
@@ -116,7 +116,7 @@ def test_each_epoch_has_its_own_seeded_shuffle(tmp_path):
 
 
 def test_max_len_keeps_the_first_max_len_tokens(tmp_path):
-    """CL3 / N2: data.max_len truncates to exactly max_len tokens (training and plot-hidden alike)."""
+    """Data.max_len truncates to exactly max_len tokens (training and plot-hidden alike)."""
     from seqzoo.analysis import hidden_states
 
     task = _classification_task(tmp_path, "data.max_len=3")
@@ -127,7 +127,7 @@ def test_max_len_keeps_the_first_max_len_tokens(tmp_path):
 
 
 def test_the_dev_hold_out_follows_the_run_seed(tmp_path):
-    """CL4: without a dev file, each seed holds out its own dev set (load_data(cfg, train.seed))."""
+    """Without a dev file, each seed holds out its own dev set (load_data(cfg, train.seed))."""
     held = []
     for seed in (1, 2):
         task = _classification_task(tmp_path, f"train.seed={seed}", dev_file=False)
@@ -136,7 +136,7 @@ def test_the_dev_hold_out_follows_the_run_seed(tmp_path):
 
 
 def test_accuracy_and_loss_average_over_examples_not_batches():
-    """A2: batches of unequal size: the loss is the mean over all examples."""
+    """Batches of unequal size: the loss is the mean over all examples."""
     from seqzoo.tasks.common import accuracy_and_loss
 
     torch.manual_seed(0)

@@ -220,7 +220,7 @@ def test_a_run_config_stores_only_the_keys_that_have_an_effect():
 
 
 def test_override_edge_cases():
-    """K3: an empty value is null; K9: a value may contain '='; K4: min_lr may equal lr."""
+    """An empty value is null, a value may contain '=', and min_lr may equal lr."""
     assert load_config(None, ["train.patience="]).train.patience is None
     assert load_config(None, ["name=a=b"]).name == "a=b"
     cfg = load_config(None, ["optim.schedule=cosine", "optim.lr=0.01", "optim.min_lr=0.01"])

@@ -17,26 +17,51 @@ def test_contract(name, bidirectional):
     assert_contract(enc)
 
 
+def _gru_ln_from_torch(ours: LayerNormGRU, ref: torch.nn.GRU) -> None:
+    """Copy torch's GRU weights into a layer_norm=False gru_ln (torch's update gate z is our 1 − u)."""
+    with torch.no_grad():
+        for k, suffix in enumerate(["", "_reverse"][: len(ours.cells)]):
+            cell = ours.cells[k].cells[0]
+            w_ir, w_iz, w_in = getattr(ref, f"weight_ih_l0{suffix}").chunk(3)
+            w_hr, w_hz, w_hn = getattr(ref, f"weight_hh_l0{suffix}").chunk(3)
+            b_ih, b_hh = getattr(ref, f"bias_ih_l0{suffix}"), getattr(ref, f"bias_hh_l0{suffix}")
+            b_ir, b_iz, b_in = b_ih.chunk(3)
+            b_hr, b_hz, b_hn = b_hh.chunk(3)
+            cell.x_proj.weight.copy_(torch.cat([w_ir, -w_iz, w_in]))
+            cell.h_proj.weight.copy_(torch.cat([w_hr, -w_hz, w_hn]))
+            cell.gate_bias.copy_(torch.stack([b_ir + b_hr, -(b_iz + b_hz)]))
+            cell.candidate_bias.copy_(b_hn)
+            b_in.zero_()  # our candidate has no input bias
+
+
 def test_gru_ln_without_norm_equals_torch_gru():
     """With LN off, gru_ln is exactly a GRU: torch's update gate z is our 1 − u."""
     torch.manual_seed(0)
     ours = LayerNormGRU(4, 3, layer_norm=False)
     ref = torch.nn.GRU(4, 3, batch_first=True)
-    cell = ours.cells[0].cells[0]
-    size = 3
-    w_ir, w_iz, w_in = ref.weight_ih_l0.chunk(3)
-    w_hr, w_hz, w_hn = ref.weight_hh_l0.chunk(3)
-    b_ir, b_iz, _ = ref.bias_ih_l0.chunk(3)
-    b_hr, b_hz, b_hn = ref.bias_hh_l0.chunk(3)
-    with torch.no_grad():
-        cell.x_proj.weight.copy_(torch.cat([w_ir, -w_iz, w_in]))
-        cell.h_proj.weight.copy_(torch.cat([w_hr, -w_hz, w_hn]))
-        cell.gate_bias.copy_(torch.stack([b_ir + b_hr, -(b_iz + b_hz)]))
-        cell.candidate_bias.copy_(b_hn)
-        ref.bias_ih_l0[2 * size :].zero_()  # our candidate has no input bias
+    _gru_ln_from_torch(ours, ref)
     x = torch.randn(2, 5, 4)
     h0 = torch.randn(1, 2, 3)
     torch.testing.assert_close(ours(x, state=h0)[0], ref(x, h0)[0])
+
+
+def test_bidirectional_recurrent_encoder_equals_torch_bidirectional_gru_on_a_padded_batch():
+    """The backward direction of RecurrentCellEncoder (the MZU, gru_ln and dtgru) in time order:
+    a bidirectional gru_ln without LN is torch's bidirectional GRU, outputs and state."""
+    torch.manual_seed(0)
+    ours = LayerNormGRU(4, 3, bidirectional=True, layer_norm=False).double()
+    ref = torch.nn.GRU(4, 3, batch_first=True, bidirectional=True).double()
+    _gru_ln_from_torch(ours, ref)
+    x = torch.randn(2, 5, 4, dtype=torch.float64)
+    lengths = torch.tensor([5, 3])
+    mask = torch.arange(5) < lengths.unsqueeze(1)
+    with torch.no_grad():
+        out, state = ours(x, mask)
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        ref_out, ref_h = ref(packed)
+        ref_out, _ = torch.nn.utils.rnn.pad_packed_sequence(ref_out, batch_first=True, total_length=5)
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(state, ref_h)
 
 
 def test_dtgru_structure():
@@ -65,9 +90,8 @@ def _ln(v: torch.Tensor) -> torch.Tensor:
 
 
 def test_dtgru_step_follows_the_dtmt_equations():
-    """Kills D2 (LN dropped from the gates), D3 (linear transformation gate l omitted) and D7 (l ⊙ Hx
-    put inside the tanh): one step of dtgru (L-GRU + one T-GRU, LN on, random gains/biases) against
-    MODELS.md 4.7 written out by hand."""
+    """One step of dtgru (L-GRU + one T-GRU, LN on, random gains and biases) against MODELS.md 4.7
+    written out by hand: LN on every gate, and the linear transformation gate's l ⊙ Hx outside the tanh."""
     torch.manual_seed(0)
     size = 3
     enc = DeepTransitionGRU(4, size, transition_depth=1).double().eval()

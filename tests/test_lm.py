@@ -463,7 +463,7 @@ def lm_task(tmp_path):
 
 
 def test_lm_training_carries_the_state_from_window_to_window(lm_task):
-    """M3: window 1 is read with window 0's final state (TBPTT), i.e. as one pass over both windows."""
+    """Window 1 is read with window 0's final state (TBPTT), i.e. as one pass over both windows."""
     from seqzoo.data.lm import batchify, tbptt_batches
 
     windows = tbptt_batches(batchify(lm_task.ids["train"], 2), 4)
@@ -477,7 +477,7 @@ def test_lm_training_carries_the_state_from_window_to_window(lm_task):
 
 
 def test_lm_training_state_is_reset_at_the_first_window_of_an_epoch(lm_task):
-    """M1: the first window of every epoch is read from the zero state, not from the last window's."""
+    """The first window of every epoch is read from the zero state, not from the last window's."""
     with torch.no_grad():
         first = lm_task.train_loss(0).loss.item()
         for batch in lm_task.train_batches(0)[1:]:
@@ -487,7 +487,7 @@ def test_lm_training_state_is_reset_at_the_first_window_of_an_epoch(lm_task):
 
 
 def test_lm_step_loss_counts_target_tokens(lm_task):
-    """M7: each window's loss is a mean over its target tokens, and counts them (the epoch's
+    """Each window's loss is a mean over its target tokens, and counts them (the epoch's
     train_loss is then per token; the last window is shorter)."""
     from seqzoo.data.lm import batchify, tbptt_batches
 

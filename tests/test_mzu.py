@@ -427,8 +427,8 @@ def test_autocast_projects_the_input_in_bfloat16_and_runs_the_recurrence_in_floa
 
 
 def test_mzu_candidate_dropout_acts_in_training_on_the_candidate():
-    """Kills M13 (no dropout on h̃). At t = 0 from h = 0 the trained candidate is either 0 or the
-    evaluation candidate / (1 - p) (inverted dropout), and both cases occur."""
+    """Candidate dropout: at t = 0 from h = 0 the trained candidate is either 0 or the evaluation
+    candidate / (1 - p) (inverted dropout), and both cases occur."""
     torch.manual_seed(0)
     enc = MZU(3, 8, dropout=0.5, composition="sat", disagreement=0.0).double()
     x = torch.randn(4, 2, 3, dtype=torch.float64)
@@ -442,7 +442,7 @@ def test_mzu_candidate_dropout_acts_in_training_on_the_candidate():
 
 
 def test_mzu_step_is_eqs_1_to_3():
-    """Kills M19 (sigmoid candidate, also M11 / M12): h_t = (1 − g) ⊙ h + g ⊙ tanh(M_h(u)), g = σ(M_g(u)),
+    """h_t = (1 − g) ⊙ h + g ⊙ tanh(M_h(u)), g = σ(M_g(u)),
     u = [x; h], with the M-functions called as modules (MODELS.md 4.1). The fast path and the
     reference share MZUTransition.activations, so comparing them cannot catch an activation swap."""
     torch.manual_seed(0)

@@ -178,7 +178,7 @@ def test_jit_trace_records_the_reference_pooling(grad):
 
 
 def test_bidirectional_qrnn_outputs_forward_half_then_backward_half():
-    """Kills Q7 (torch.cat([h_back, h])): the forward direction fills the first H channels (of the
+    """The forward direction fills the first H channels (of the
     outputs and of c), the backward direction the last H, each equal to a unidirectional QRNN with
     its weights (the backward one run on the row's real tokens reversed)."""
     torch.manual_seed(0)

@@ -489,8 +489,8 @@ def test_library_from_other_sources_is_refused(monkeypatch):
 @pytest.mark.skipif(pool_backend() != "compiled", reason="compiled kernel not built")
 @pytest.mark.parametrize("pooling", list(POOLINGS))
 def test_compiled_pool_scales_a_keep_mask_by_keep_prob_like_the_reference(pooling):
-    """Kills C11 (SCALE(j) = keep[j], dropping keep_prob when a mask is given). The encoder never
-    passes both, so this guards the public qrnn_pool signature only (backends must agree)."""
+    """A keep mask with keep_prob < 1 is scaled alike by both backends. The encoder never passes
+    both, so this guards the public qrnn_pool signature only."""
     gen = torch.Generator().manual_seed(0)
     gates = torch.randn(2, 4, POOLINGS[pooling], 3, generator=gen, dtype=torch.float64)
     c0 = torch.randn(2, 3, generator=gen, dtype=torch.float64)

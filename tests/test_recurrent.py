@@ -8,7 +8,6 @@ from conftest import needs_cxx, no_eager_fallback
 from torch._dynamo.utils import counters
 
 from seqzoo import build_encoder, recurrent
-from seqzoo.dtgru import LayerNormGRU
 
 
 def backward_node_names(output: torch.Tensor) -> set[str]:
@@ -158,39 +157,3 @@ def test_a_failed_compile_falls_back_to_the_eager_step_with_a_warning(monkeypatc
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # warned once: later forwards stay eager quietly
         compiled(x, mask)
-
-
-def _gru_ln_from_torch(ours: LayerNormGRU, ref: torch.nn.GRU) -> None:
-    """Copy torch's GRU weights into a layer_norm=False gru_ln (torch's update gate z is our 1 − u)."""
-    with torch.no_grad():
-        for k, suffix in enumerate(["", "_reverse"]):
-            cell = ours.cells[k].cells[0]
-            w_ir, w_iz, w_in = getattr(ref, f"weight_ih_l0{suffix}").chunk(3)
-            w_hr, w_hz, w_hn = getattr(ref, f"weight_hh_l0{suffix}").chunk(3)
-            b_ih, b_hh = getattr(ref, f"bias_ih_l0{suffix}"), getattr(ref, f"bias_hh_l0{suffix}")
-            b_ir, b_iz, b_in = b_ih.chunk(3)
-            b_hr, b_hz, b_hn = b_hh.chunk(3)
-            cell.x_proj.weight.copy_(torch.cat([w_ir, -w_iz, w_in]))
-            cell.h_proj.weight.copy_(torch.cat([w_hr, -w_hz, w_hn]))
-            cell.gate_bias.copy_(torch.stack([b_ir + b_hr, -(b_iz + b_hz)]))
-            cell.candidate_bias.copy_(b_hn)
-            b_in.zero_()  # our candidate has no input bias
-
-
-def test_bidirectional_recurrent_encoder_equals_torch_bidirectional_gru_on_a_padded_batch():
-    """Kills R3 (backward outputs not flipped back to time order) in RecurrentCellEncoder, which the
-    MZU, gru_ln and dtgru share: a bidirectional gru_ln without LN is torch's bidirectional GRU."""
-    torch.manual_seed(0)
-    ours = LayerNormGRU(4, 3, bidirectional=True, layer_norm=False).double()
-    ref = torch.nn.GRU(4, 3, batch_first=True, bidirectional=True).double()
-    _gru_ln_from_torch(ours, ref)
-    x = torch.randn(2, 5, 4, dtype=torch.float64)
-    lengths = torch.tensor([5, 3])
-    mask = torch.arange(5) < lengths.unsqueeze(1)
-    with torch.no_grad():
-        out, state = ours(x, mask)
-        packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
-        ref_out, ref_h = ref(packed)
-        ref_out, _ = torch.nn.utils.rnn.pad_packed_sequence(ref_out, batch_first=True, total_length=5)
-    torch.testing.assert_close(out, ref_out)
-    torch.testing.assert_close(state, ref_h)

@@ -485,8 +485,7 @@ def _f_pool(gates: torch.Tensor) -> torch.Tensor:
 
 
 def test_attention_decoder_layer_follows_eq_8_and_is_zero_at_pads():
-    """Kills SS8 (scores scaled by 1/√H: eq. 8 is a plain dot product c_t · h̃_s) and SS10 (h not
-    zeroed at target pads, which the layer promises)."""
+    """Eq. 8's scores are a plain dot product c_t · h̃_s (no 1/√H), and h is zero at target pads."""
     torch.manual_seed(0)
     layer = QRNNDecoderLayer(3, 4, window=1, attention=True).double()
     x = torch.randn(2, 3, 3, dtype=torch.float64)
@@ -532,10 +531,9 @@ def _exhaustive_best(model, src, src_mask, max_len):
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("eos_shift", [0.0, -3.0])
 def test_a_beam_wider_than_all_prefixes_is_an_exhaustive_search(seed, eos_shift):
-    """Kills SS4 (every initial beam slot live: K copies of <bos> fill the beam with duplicates) and
-    SS12 (at the step limit, live hypotheses compete only when nothing has finished; an unlikely
-    <eos>, eos_shift = -3, makes a live one the best). With K = 50 every prefix of <= 2 free tokens
-    stays in the beam, so the search is exact at alpha = 0."""
+    """No duplicate initial beams (K copies of <bos>), and at the step limit live hypotheses compete
+    with finished ones (an unlikely <eos>, eos_shift = -3, makes a live one the best). With K = 50
+    every prefix of <= 2 free tokens stays in the beam, so the search is exact at alpha = 0."""
     model = _tiny_model(seed)
     with torch.no_grad():
         model.generator.bias[EOS] += eos_shift
@@ -550,7 +548,7 @@ def test_a_beam_wider_than_all_prefixes_is_an_exhaustive_search(seed, eos_shift)
 
 
 def test_bos_is_never_emitted():
-    """Kills SS5 (<bos> left out of the banned ids): even when the model prefers <bos> it is not emitted."""
+    """Even when the model prefers <bos> it is not emitted."""
     model = _tiny_model(0)
     with torch.no_grad():
         model.generator.bias[BOS] += 20.0
@@ -560,7 +558,7 @@ def test_bos_is_never_emitted():
 
 
 def test_beam_ranking_uses_source_length_plus_5_as_target_length(monkeypatch):
-    """Kills SS9 (T_trg = source length): appendix eq. 9's T_trg is the source length + 5."""
+    """Appendix eq. 9's T_trg is the source length + 5."""
     import seqzoo.seq2seq as s2s
 
     seen = []
@@ -597,7 +595,7 @@ def _translation_config(tmp_path: Path, *overrides: str):
 
 
 def test_max_chars_keeps_pairs_of_exactly_max_chars(tmp_path):
-    """TR1: 'a side longer than data.max_chars' is dropped; a side of exactly max_chars is kept."""
+    """'A side longer than data.max_chars' is dropped; a side of exactly max_chars is kept."""
     from seqzoo.tasks.translation import read_splits
 
     _translation_corpus(tmp_path)
@@ -606,7 +604,7 @@ def test_max_chars_keeps_pairs_of_exactly_max_chars(tmp_path):
 
 
 def test_translation_loss_is_the_nll_per_target_character_ignoring_padding(tmp_path):
-    """TR2 / TR4: dev loss = teacher-forced NLL summed over real target characters (<eos> included,
+    """Dev loss = teacher-forced NLL summed over real target characters (<eos> included,
     padding excluded) / their number, whatever the batching."""
     pytest.importorskip("sacrebleu")
     from seqzoo.tasks.translation import TranslationTask, read_splits

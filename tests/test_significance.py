@@ -164,7 +164,7 @@ def test_absa_runs_are_compared_by_their_test_file_and_subset(tmp_path, capsys):
 
 
 def test_compare_treats_seeds_not_folds_as_samples(tmp_path):
-    """S7: folds of one seed are averaged before Welch's test (README: folds are no independent samples)."""
+    """Folds of one seed are averaged before Welch's test (README: folds are no independent samples)."""
     from seqzoo.significance import compare_runs
 
     for name, base in (("a", 0.70), ("b", 0.80)):

@@ -51,8 +51,8 @@ def test_a_dense_stack_adds_up_its_layers_regularisers():
 
 
 def test_dense_stack_applies_dropout_between_layers_only():
-    """Kills S1 (no dropout on the passed-on outputs) and S2 (dropout also after the last layer):
-    in training the stack equals layer 2 run on [x; dropout(layer 1(x))] with the same draws."""
+    """Dropout between layers only: in training the stack equals layer 2 run on
+    [x; dropout(layer 1(x))] with the same draws."""
     torch.manual_seed(0)
     stack = DenseStack("lstm", 3, 4, num_layers=2, dropout=0.5).double().train()
     x = torch.randn(2, 5, 3, dtype=torch.float64)

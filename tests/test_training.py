@@ -849,7 +849,7 @@ def _fit(tmp_path: Path, dev: list[float], *overrides: str) -> list[dict]:
 
 
 def test_clipping_bounds_the_update_that_the_optimiser_applies():
-    """T4: clip_grad_norm_ must actually rescale the gradients the step uses (not only report the norm)."""
+    """Clip_grad_norm_ must actually rescale the gradients the step uses (not only report the norm)."""
     from seqzoo.training import update
 
     torch.manual_seed(0)
@@ -863,34 +863,34 @@ def test_clipping_bounds_the_update_that_the_optimiser_applies():
 
 
 def test_plateau_schedule_decays_only_after_an_epoch_without_improvement(tmp_path):
-    """T11: plateau decays after a bad epoch (epoch 3), not after the improving ones."""
+    """Plateau decays after a bad epoch (epoch 3), not after the improving ones."""
     records = _fit(tmp_path, [3.0, 2.0, 2.5, 1.0], "optim.schedule=plateau", "optim.decay=0.5")
     assert [r["lr"] for r in records] == pytest.approx([0.1, 0.1, 0.1, 0.05])
 
 
 def test_step_after_runs_the_first_decay_start_epochs_at_the_full_rate(tmp_path):
-    """T10: with decay_start 2, epochs 1-2 run at lr, epoch 3 at lr*decay, epoch 4 at lr*decay²."""
+    """With decay_start 2, epochs 1-2 run at lr, epoch 3 at lr*decay, epoch 4 at lr*decay²."""
     overrides = ("optim.schedule=step_after", "optim.decay_start=2", "optim.decay=0.5")
     records = _fit(tmp_path, [4.0, 3.0, 2.0, 1.0], *overrides)
     assert [r["lr"] for r in records] == pytest.approx([0.1, 0.1, 0.05, 0.025])
 
 
 def test_epoch_decay_stops_at_min_lr(tmp_path):
-    """T9: an epoch schedule never takes the rate below optim.min_lr."""
+    """An epoch schedule never takes the rate below optim.min_lr."""
     overrides = ("optim.schedule=exponential", "optim.decay=0.5", "optim.min_lr=0.03")
     records = _fit(tmp_path, [4.0, 3.0, 2.0, 1.0], *overrides)
     assert [r["lr"] for r in records] == pytest.approx([0.1, 0.05, 0.03, 0.03])
 
 
 def test_an_improvement_resets_the_early_stopping_count(tmp_path):
-    """T7: patience counts epochs *in a row* without a gain: bad, gain, bad, bad stops after epoch 5."""
+    """Patience counts epochs *in a row* without a gain: bad, gain, bad, bad stops after epoch 5."""
     records = _fit(tmp_path, [1.0, 2.0, 0.5, 0.6, 0.7, 0.8], "train.patience=2")
     assert [r["epoch"] for r in records] == [1, 2, 3, 4, 5]
     assert metric_records(tmp_path / "r")[-1]["best_epoch"] == 3
 
 
 def test_per_seed_averages_each_metric_over_the_runs_that_have_it():
-    """R1: a metric missing from one fold is averaged over the folds that report it."""
+    """A metric missing from one fold is averaged over the folds that report it."""
     from seqzoo.runner import per_seed
 
     runs = {"fold-1": {"a": 1.0, "b": 2.0}, "fold-2": {"a": 2.0, "b": 4.0}, "fold-3": {"a": 3.0}}
