@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import textwrap
+import types
 
 import numpy as np
 import pytest
 import torch
 from conftest import write_sentiment_corpus
+from torch import nn
 
 from seqzoo.analysis import HiddenStates, hidden_state_figure, hidden_states, plot_hidden_states
 from seqzoo.cli import main
@@ -78,3 +80,47 @@ def test_cli_reads_text_or_file(qrnn_run, tmp_path, capsys):
     assert main([*command, "--input", str(document), "--out", str(tmp_path / "b.png")]) == 0
     assert capsys.readouterr().out.split() == [str(tmp_path / "a.png"), str(tmp_path / "b.png")]
     assert main([*command, "--text", "   ", "--out", str(tmp_path / "c.png")]) != 0
+
+
+class _StubTask:
+    """What hidden_states reads: tokenizer, vocab, config.data.max_len, model.embedding/encoder."""
+
+    def __init__(self, table, max_len=None, dropout=0.0):
+        self.tokenizer = str.split
+        self.vocab = types.SimpleNamespace(encode=lambda tokens: [int(t) for t in tokens])
+        self.config = types.SimpleNamespace(data=types.SimpleNamespace(max_len=max_len))
+        self.model = nn.Module()
+        self.model.embedding = nn.Embedding.from_pretrained(table)
+        drop = nn.Dropout(dropout)
+
+        class Identity(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.drop = drop
+
+            def forward(self, x, mask):
+                return self.drop(x), None
+
+        self.model.encoder = Identity()
+
+
+def test_hidden_states_keep_the_units_of_largest_variance_not_magnitude():
+    """Units are chosen by variance over the text, not by mean |value| (a large constant unit is no
+    feature of the text)."""
+    from seqzoo.analysis import hidden_states
+
+    table = torch.tensor([[10.0, 0.0, 0.1], [10.0, 1.0, 0.2], [10.0, -1.0, 0.3]])
+    states = hidden_states(_StubTask(table), "0 1 2 1", channels=1)
+    assert states.channels == [1]
+
+
+def test_hidden_states_are_read_with_dropout_off_and_cut_at_max_len(caplog):
+    """Read in eval mode (no dropout noise in the figure), cut at data.max_len, and the model
+    given back in its mode."""
+    from seqzoo.analysis import hidden_states
+
+    table = torch.arange(1.0, 13.0).view(4, 3)
+    task = _StubTask(table, max_len=3, dropout=0.5)
+    states = hidden_states(task, "0 1 2 3")
+    assert states.tokens == ["0", "1", "2"] and torch.equal(states.values, table[:3])
+    assert task.model.training  # given back in its mode

@@ -5,13 +5,20 @@ Speed itself is never asserted here (benchmarks are not timed tests); see docs/r
 
 import json
 import sys
+import types
 
 import pytest
 import torch
 from conftest import needs_cxx, no_eager_fallback
 from torch._dynamo.utils import counters
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+import seqzoo.bench as bench_pkg
+import seqzoo.bench.encoders as enc_bench
+import seqzoo.bench.mzu as mzu_bench
+from seqzoo import build_encoder
+from seqzoo.base import detach_state
 from seqzoo.bench.mzu import dtgru_forward_flops, mzu_forward_flops
 from seqzoo.cli import main
 from seqzoo.dtgru import DeepTransitionGRU
@@ -165,3 +172,199 @@ def test_bench_device_must_be_cpu_or_a_cuda_device_torch_sees(capsys, bench):
         with pytest.raises(SystemExit):
             main(["bench", bench, "--device", "cuda"])
         assert "cuda: torch sees no CUDA device here" in capsys.readouterr().err
+
+
+# seconds per case: a slow warm-up, then three timed runs whose median, mean and min all differ
+_BASE = {"fwd": 0.5, "fwd_bwd": 2.0, "gemm": 1.0, "pool": 0.25, "fused_pool": 0.25, "half_pool": 0.25}
+
+
+def _fake_timers(monkeypatch, warmup_s=100.0):
+    made = {}
+
+    def fake_timer(fn, device, precision):
+        name, calls = fn.__name__, [0]
+        made.setdefault(name, []).append((fn, precision))
+
+        def run():
+            calls[0] += 1
+            if calls[0] == 1:
+                return warmup_s
+            return _BASE[name] * (1, 2, 6)[(calls[0] - 2) % 3]
+
+        return run
+
+    monkeypatch.setattr(enc_bench, "_timer", fake_timer)
+    return made
+
+
+def test_bench_encoders_rates_are_tokens_over_the_median_after_warmup(monkeypatch):
+    """Rates are batch x seq_len tokens over the median timed run, the warm-up not counted;
+    pooling_share is the pooling's time over the fwd+bwd time."""
+    _fake_timers(monkeypatch)
+    batch, seq_len = 2, 3
+    rows = enc_bench.measure(["lstm", "qrnn"], (batch, seq_len, 8), 3, 1, 1, 1, "fo")
+    tokens = batch * seq_len
+    for row in rows:  # medians: fwd 1.0 s, fwd_bwd 4.0 s, gemm 2.0 s, pool 0.5 s
+        assert row["fwd_tokens_per_s"] == pytest.approx(tokens / 1.0)
+        assert row["fwd_bwd_tokens_per_s"] == pytest.approx(tokens / 4.0)
+    qrnn = rows[1]
+    assert qrnn["gemm_bound_fwd_bwd_tokens_per_s"] == pytest.approx(tokens / 2.0)
+    assert qrnn["pooling_share"] == pytest.approx(0.5 / 4.0)
+
+
+def test_bench_encoders_times_the_requested_shape_batch_first(monkeypatch):
+    """The input is drawn batch-first, (B, T, H): (T, B, H) has the same token count but is another shape."""
+    _fake_timers(monkeypatch)
+    seen = []
+    original = enc_bench._encoder_cases
+    monkeypatch.setattr(enc_bench, "_encoder_cases", lambda m, x, p: seen.append(tuple(x.shape)) or original(m, x, p))
+    enc_bench.measure(["gru"], (2, 5, 8), 1, 0, 1, 1, "fo")
+    assert seen == [(2, 5, 8)]
+
+
+class _MatmulLog(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in ("mm", "addmm"):
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            if name == "addmm":
+                tensors = tensors[1:]
+            self.calls.append((name, *(tuple(t.shape) for t in tensors)))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(("window", "pooling", "gates"), [(1, "fo", 3), (2, "ifo", 4)])
+def test_bench_gemm_bound_times_the_layers_three_projection_matmuls(monkeypatch, window, pooling, gates):
+    """Y = X W^T + b, dX = dY W, dW^T = X^T dY on (B*T, k*n) inputs, in this layout, all three."""
+    made = _fake_timers(monkeypatch)
+    batch, seq_len, hidden = 2, 3, 8
+    enc_bench.measure(["qrnn"], (batch, seq_len, hidden), 1, 0, window, 1, pooling)
+    ((gemm, _),) = made["gemm"]
+    log = _MatmulLog()
+    with log:
+        gemm()
+    rows, cols, out = batch * seq_len, window * hidden, gates * hidden
+    assert log.calls == [
+        ("addmm", (rows, cols), (cols, out)),
+        ("mm", (rows, out), (out, cols)),
+        ("mm", (cols, rows), (rows, out)),
+    ]
+
+
+def test_bench_gemm_bound_runs_under_the_requested_precision(monkeypatch):
+    """Under --precision bf16 the GEMM bound is timed in bf16 too (an fp32 bound the bf16 layer beats)."""
+    made = _fake_timers(monkeypatch)
+    enc_bench.measure(["qrnn"], (2, 3, 8), 1, 0, 1, 1, "fo", precision="bf16")
+    assert made["gemm"][0][1] == "bf16" and made["fwd_bwd"][0][1] == "bf16"
+
+
+def test_bench_encoders_table_percent_of_gemm_bound_and_pool_share():
+    """The table's % of the GEMM bound is achieved / bound."""
+    row = {"encoder": "qrnn", "batch": 2, "seq_len": 3, "hidden": 8, "fwd_tokens_per_s": 100.0,
+           "fwd_bwd_tokens_per_s": 50.0, "gemm_bound_fwd_bwd_tokens_per_s": 200.0, "pooling_share": 0.3}  # fmt: skip
+    lstm = {**row, "encoder": "lstm", "fwd_bwd_tokens_per_s": 25.0}
+    del lstm["gemm_bound_fwd_bwd_tokens_per_s"], lstm["pooling_share"]
+    last = enc_bench._table([lstm, row]).splitlines()[-1].split()
+    assert last[-3:] == ["2.00", "25%", "30%"]
+
+
+def _thread_spy(monkeypatch, module, attr):
+    seen, threads = [], torch.get_num_threads()
+    original = getattr(module, attr)
+    monkeypatch.setattr(module, attr, lambda *a, **k: seen.append(torch.get_num_threads()) or original(*a, **k))
+    return seen, threads
+
+
+def test_bench_encoders_sets_the_thread_count_before_measuring(monkeypatch, capsys):
+    """--threads is applied before anything is measured."""
+    seen, threads = _thread_spy(monkeypatch, enc_bench, "measure")
+    monkeypatch.setattr(enc_bench, "sgemm_flops_per_s", lambda *a, **k: seen.append(torch.get_num_threads()) or 1e9)
+    _fake_timers(monkeypatch)
+    want = 3 if threads != 3 else 2
+    try:
+        assert enc_bench.main(["--encoders", "gru", "--shapes", "2x3x8", "--json", "--threads", str(want)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert seen and set(seen) == {want}
+    assert json.loads(capsys.readouterr().out)["threads"] == want
+
+
+def test_sgemm_rate_is_two_n_cubed_over_the_best_run(monkeypatch):
+    """2 n^3 FLOPs over the best run."""
+    ticks = iter([0.0, 3.0, 10.0, 11.0, 20.0, 22.0])  # runs of 3 s, 1 s, 2 s
+    monkeypatch.setattr(bench_pkg, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    assert bench_pkg.sgemm_flops_per_s(size=8, repeats=3) == 2 * 8**3 / 1.0
+
+
+def test_mzu_step_time_is_the_median_of_the_timed_steps_after_warmup(monkeypatch):
+    """The median of the timed steps, the warm-up step not timed."""
+    ticks = iter([0.0, 10.0, 11.0, 20.0, 22.0, 30.0, 36.0, 50.0, 60.0])  # steps 1..3 take 1, 2, 6 s
+    monkeypatch.setattr(mzu_bench, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    lm = mzu_bench._CharLM(build_encoder("gru", mzu_bench.EMBEDDING, hidden_size=4))
+    assert mzu_bench._time_training(lm, batch=2, bptt=3, repeats=3) == 2.0
+
+
+@pytest.fixture
+def small_mzu_bench(monkeypatch):
+    """bench mzu at toy sizes with injected timings: each step 0.5 s; sgemm 100 then 200 GFLOP/s."""
+    monkeypatch.setattr(mzu_bench, "EMBEDDING", 8)
+    monkeypatch.setattr(mzu_bench, "HIDDEN", 16)
+    # (FILTER stays: main counts with mzu_forward_flops' default filter_size, bound to it at import)
+    built = {}
+    monkeypatch.setattr(mzu_bench, "_time_training", lambda lm, *a: built.setdefault(len(built), lm) and 0.5)
+    rates = iter([100e9, 200e9])
+    monkeypatch.setattr(mzu_bench, "sgemm_flops_per_s", lambda *a, **k: next(rates))
+    return built
+
+
+def _forward_backward_flops(lm, batch=2, bptt=3):
+    """Matmul FLOPs per char of a forward and backward, from a carried state that needs a gradient
+    (so that the first step's recurrent products have their backward too)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    chars = torch.randint(mzu_bench.VOCAB, (batch, bptt))
+    lm.eval()
+    _, state = lm.encoder(lm.embedding(chars))
+    state = detach_state(state)
+    for t in state if isinstance(state, (tuple, list)) else [state]:
+        t.requires_grad_(True)
+    with FlopCounterMode(display=False) as counter:
+        out, _ = lm.encoder(lm.embedding(chars), state=state)
+        lm.decoder(out).sum().backward()
+    return counter.get_total_flops() / (batch * bptt)
+
+
+def test_bench_mzu_flop_count_is_the_models_forward_and_backward_matmuls(small_mzu_bench, capsys):
+    """train_flops_per_char = fwd+bwd matmul FLOPs per char of the whole LM (embedding lookups
+    free; the decoder's 2*H*V is 0.3 % of it here), as torch counts them on the same (toy-sized)
+    models: the backward's 2x, the decoder, the DT-GRU's depth and the MZU's composition."""
+    assert mzu_bench.main(["--composition", "sat", "--batch", "2", "--bptt", "3", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    for row, lm in zip(rows, small_mzu_bench.values(), strict=True):
+        assert row["train_flops_per_char"] == _forward_backward_flops(lm), row["model"]
+
+
+def test_bench_mzu_rates_and_efficiency(small_mzu_bench, capsys):
+    """chars/s = batch x bptt per step, sgemm measured around the models, params of the whole LM."""
+    assert mzu_bench.main(["--composition", "sat", "--batch", "4", "--bptt", "5", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    for row, lm in zip(rows, small_mzu_bench.values(), strict=True):
+        assert row["chars_per_s"] == 4 * 5 / 0.5
+        assert row["sgemm_gflops"] == [100.0, 200.0]
+        assert row["flop_efficiency"] == round(row["train_flops_per_char"] * 40 / 200e9, 3)
+        assert row["params"] == sum(p.numel() for p in lm.parameters())
+
+
+def test_bench_mzu_threads(small_mzu_bench, monkeypatch, capsys):
+    """--threads is applied."""
+    threads = torch.get_num_threads()
+    want = 3 if threads != 3 else 2
+    try:
+        assert mzu_bench.main(["--composition", "sat", "--threads", str(want), "--json"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert {json.loads(line)["threads"] for line in capsys.readouterr().out.splitlines()} == {want}

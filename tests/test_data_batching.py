@@ -52,3 +52,14 @@ def test_bucket_batches_group_similar_lengths():
     bucketed = bucket_batches(LENGTHS, batch_size=16, shuffle=True, seed=0)
     unbucketed = bucket_batches(LENGTHS, batch_size=16, shuffle=True, seed=0, bucket_size_multiplier=1)
     assert padding(bucketed) < padding(unbucketed) / 5
+
+
+def test_shuffled_batches_are_not_in_length_order():
+    """The batch order is shuffled (unshuffled, every epoch ran a pool's batches short to long)."""
+    from seqzoo.data.batching import bucket_batches
+
+    lengths = list(range(100))  # one pool
+    for seed in range(3):
+        batches = bucket_batches(lengths, 10, shuffle=True, seed=seed)
+        firsts = [min(lengths[i] for i in b) for b in batches]
+        assert firsts != sorted(firsts)

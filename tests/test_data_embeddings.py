@@ -112,3 +112,35 @@ def test_trailing_whitespace_passes_and_a_double_space_is_named(tmp_path):
     path.write_text("the 1 2 \t\nfilm 3 4\n")
     weight, stats = load_vectors(path, VOCAB)
     assert stats.dim == 2 and weight.shape[1] == 2
+
+
+def test_first_vector_wins_most_frequent_oov_first_and_fallback_off_means_exact(tmp_path):
+    """The first of duplicate vectors wins, top_oov lists the most frequent first, and
+    lowercase_fallback=False looks words up exactly."""
+    path = tmp_path / "v.txt"
+    path.write_text("the 1 1\nthe 2 2\nfilm 3 3\n")
+    vocab = Vocab.build([["the"] * 3 + ["Film"] * 2 + ["film"] + ["a"] * 5 + ["b"] * 4 + ["c"]])
+    weight, stats = load_vectors(path, vocab)
+    assert weight[vocab.token_to_id("the")].tolist() == [1.0, 1.0]
+    assert stats.top_oov == ("a", "b", "c")
+    weight, stats = load_vectors(path, vocab, lowercase_fallback=False)
+    assert stats.found_lowercase == 0 and stats.found == 2 and "Film" in stats.top_oov
+
+
+def test_oov_token_rate_excludes_unk_tokens(tmp_path):
+    """The OOV token rate's denominator leaves out the tokens pruned to <unk>."""
+    path = tmp_path / "v.txt"
+    path.write_text("the 1 1\n")
+    vocab = Vocab.build([["the"] * 3 + ["film"] + ["rare1", "rare2"]], min_freq=1, max_size=2)
+    _, stats = load_vectors(path, vocab)
+    assert vocab.counts[Vocab.UNK] == 2  # rare1 and rare2, pruned
+    assert stats.oov_token_rate == pytest.approx(1 / 4)  # film of the, the, the, film
+
+
+def test_a_word_with_a_number_among_its_words(tmp_path):
+    """A word with a number among its words ("a 1 b") keeps its vector of the file's width."""
+    path = tmp_path / "v.txt"
+    path.write_text("the 0 1\na 1 b 2 3\n")
+    vocab = Vocab.build([["the", "a 1 b"]])
+    weight, stats = load_vectors(path, vocab)
+    assert stats.oov == 0 and weight[vocab.token_to_id("a 1 b")].tolist() == [2.0, 3.0]

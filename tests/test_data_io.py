@@ -190,3 +190,12 @@ def test_a_file_that_cannot_be_opened_is_a_data_error(tmp_path):
         read_text(tmp_path / "missing.txt")
     with pytest.raises(DataError, match=r": cannot read: Is a directory$"):
         read_text(tmp_path)
+
+
+def test_read_lines_keeps_trailing_spaces_of_a_sentence(tmp_path):
+    """Only the line ending is stripped: trailing spaces and tabs are characters of a char-level model."""
+    from seqzoo.data.translation import read_lines
+
+    path = tmp_path / "train.en"
+    path.write_bytes(b"a b \r\nc\t\n")
+    assert read_lines(path) == ["a b ", "c\t"]

@@ -6,6 +6,7 @@ import math
 import random
 import re
 import shutil
+import types
 from pathlib import Path
 
 import pytest
@@ -496,3 +497,21 @@ def test_lm_step_loss_counts_target_tokens(lm_task):
     with torch.no_grad():
         counts = [lm_task.train_loss(b).count for b in lm_task.train_batches(0)]
     assert counts == [y.numel() for _, y in windows]
+
+
+def test_length_buckets_name_their_half_open_range(monkeypatch):
+    """Buckets are half-open, [min_length, max_length)."""
+    from seqzoo.tasks.lm import loss_by_length_bucket
+
+    text = "ab\nabcde\nabcdefgh\n"  # lines of 2, 5 and 8 characters
+    ids = torch.tensor([1 if c == "\n" else 2 for c in text])
+    task = types.SimpleNamespace(
+        _split_ids=lambda split: ids, token_nll=lambda split: torch.ones(len(ids), dtype=torch.float64),
+        line_end_id=1, metric="bpc", metric_from_loss=lambda loss: loss,
+    )  # fmt: skip
+    buckets = loss_by_length_bucket(task, "dev", [5, 8])
+    assert [(b["min_length"], b["max_length"], b["lines"], b["tokens"]) for b in buckets] == [
+        (0, 5, 1, 3),
+        (5, 8, 1, 6),
+        (8, None, 1, 9),
+    ]

@@ -200,3 +200,20 @@ def test_char_sampling_never_draws_unk_and_warns_of_unknown_prime_characters(tra
         text = sample(task, length=400, temperature=50.0, prime="€t", seed=1)  # near-uniform draws
     assert text.startswith("€t") and "<unk>" not in text
     assert "prime tokens outside the vocabulary, read as <unk>: '€'" in caplog.text
+
+
+def test_zone_plot_panels_show_the_last_characters_and_the_final_ones_blocks(tmp_path, monkeypatch):
+    """The panel shows the last characters' relevance rows, and the block panel the final one's."""
+    from seqzoo.mzu_analysis import ZoneRelevance, plot_zone_relevance, relevance_matrix
+
+    figures = []
+    monkeypatch.setattr("seqzoo.mzu_analysis.save_figure", lambda fig, path: figures.append(fig) or path)
+    torch.manual_seed(0)
+    cand, state = torch.randn(7, 8), torch.randn(7, 8)
+    rel = ZoneRelevance(list("abcdefg"), relevance_matrix(cand, state)[0], relevance_matrix(cand, state, 4))
+    plot_zone_relevance(rel, tmp_path / "x.png", last=3)
+    panel, blocks = (ax.images[0].get_array() for ax in figures[0].axes[:2])
+    import numpy as np
+
+    assert torch.allclose(torch.tensor(np.ma.filled(panel, np.nan)), rel.overall[4:], equal_nan=True)
+    assert torch.allclose(torch.tensor(np.ma.filled(blocks, np.nan)), rel.zones[:, -1], equal_nan=True)

@@ -895,3 +895,28 @@ def test_per_seed_averages_each_metric_over_the_runs_that_have_it():
 
     runs = {"fold-1": {"a": 1.0, "b": 2.0}, "fold-2": {"a": 2.0, "b": 4.0}, "fold-3": {"a": 3.0}}
     assert per_seed(runs) == {".": {"a": pytest.approx(2.0), "b": pytest.approx(3.0)}}
+
+
+def test_global_threads_option_sets_torch_threads(monkeypatch, tmp_path, capsys):
+    """``seqzoo --threads N`` sets torch's thread count for the command."""
+    from seqzoo.cli import main
+
+    threads = torch.get_num_threads()
+    want = 3 if threads != 3 else 2
+    seen = []
+    monkeypatch.setattr("seqzoo.cli._compare", lambda args: seen.append(torch.get_num_threads()) or 0)
+    try:
+        assert main(["--threads", str(want), "compare", "a", "b"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == [want]
+
+
+def test_new_run_dir_takes_the_first_free_number(tmp_path):
+    """A third run of the same name goes to NAME-3."""
+    from seqzoo.cli import _new_run_dir
+
+    assert _new_run_dir(str(tmp_path), "toy") == tmp_path / "toy"
+    (tmp_path / "toy").mkdir()
+    (tmp_path / "toy-2").mkdir()
+    assert _new_run_dir(str(tmp_path), "toy") == tmp_path / "toy-3"

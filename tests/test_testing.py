@@ -1,0 +1,283 @@
+"""The contract checker itself (seqzoo.testing): it must pass correct encoders and reject each
+fault it exists for, one deliberately broken encoder per fault."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from seqzoo import build_encoder
+from seqzoo.base import Encoder, lengths_from_mask, zero_padding
+from seqzoo.testing import (
+    assert_batch_invariant,
+    assert_contract,
+    assert_padding_gradients,
+    assert_padding_invariant,
+    assert_stateful_chunks,
+)
+
+
+def test_contract_check_catches_leaking_encoder():
+    """The invariant checks must fail on an encoder that lets pads into its state."""
+    torch.manual_seed(0)
+    enc = build_encoder("lstm", 4, hidden_size=3)
+    leaky_forward = type(enc).forward
+
+    def leaky(x, mask=None, state=None):
+        return leaky_forward(enc, x, None, state)  # ignores the mask
+
+    enc.forward = leaky
+    with pytest.raises(AssertionError):
+        assert_padding_invariant(enc.eval(), [5, 2])
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru", "dtgru"])
+def test_assert_contract_finds_the_batch_dimension_of_any_state(name):
+    """The padding check runs a batch of 5: a state (layers, B, H) with 5 layers once had its layer
+    dimension taken for the batch's, and a correct encoder failed the contract."""
+    assert_contract(build_encoder(name, 3, hidden_size=4, num_layers=5))
+
+
+class _PadsInTheGradient(Encoder):
+    """Finite outputs (pads masked after the matmul), but ``linear.weight``'s gradient sums x over
+    every position, NaN pads included: the fault the gradient check exists for."""
+
+    def __init__(self) -> None:
+        super().__init__(3, 4)
+        self.linear = torch.nn.Linear(3, 4)
+
+    def forward(self, x, mask=None, state=None):
+        mask = self.check_input(x, mask)
+        return torch.where(mask.unsqueeze(-1), self.linear(x), 0.0), None
+
+
+def test_the_padding_gradient_check_finds_nan_pads_in_a_gradient_and_leaves_grads_and_rng_alone():
+    with pytest.raises(AssertionError, match=r"non-finite gradients of \['linear\.weight'\]"):
+        assert_padding_gradients(_PadsInTheGradient(), [3, 1])
+    enc = build_encoder("lstm", 3, hidden_size=4, num_layers=2, dropout=0.5)
+    for p in enc.parameters():
+        p.grad = torch.ones_like(p)
+    rng = torch.get_rng_state()
+    assert_padding_gradients(enc, [3, 1, 0])
+    assert all(p.grad.eq(1).all() for p in enc.parameters()) and torch.equal(torch.get_rng_state(), rng)
+
+
+class _CumSum(Encoder):
+    """A correct causal, stateful encoder: out_t = state + sum_{s<=t} W x_s at real tokens, 0 at
+    pads; final state (B, H) = the sum after each row's last real token. Subclasses break it."""
+
+    def __init__(self, input_size: int = 3, hidden_size: int = 4) -> None:
+        super().__init__(input_size, hidden_size)
+        torch.manual_seed(0)
+        self.linear = nn.Linear(input_size, hidden_size)
+
+    def run(self, x, mask, state):
+        """(outputs before the pad fill, final state)."""
+        y = zero_padding(self.linear(zero_padding(x, mask)), mask)
+        start = state if state is not None else y.new_zeros(x.shape[0], self.hidden_size)
+        c = y.cumsum(1) + start.unsqueeze(1)
+        lengths = lengths_from_mask(mask)
+        last = c.gather(1, (lengths - 1).clamp(min=0).view(-1, 1, 1).expand(-1, 1, self.hidden_size))[:, 0]
+        return c, torch.where((lengths > 0).unsqueeze(1), last, start)
+
+    def forward(self, x, mask=None, state=None):
+        mask = self.check_input(x, mask)
+        c, final = self.run(x, mask, state)
+        return zero_padding(c, mask), final
+
+
+def test_the_reference_encoder_of_these_checker_tests_passes_the_contract():
+    assert_contract(_CumSum())
+    assert_contract(_CumSum().double())  # the checker draws its input in the encoder's dtype
+
+
+class _PadOutputsNotZero(_CumSum):
+    def forward(self, x, mask=None, state=None):
+        mask = self.check_input(x, mask)
+        return self.run(x, mask, state)  # pads hold the running sum, not 0
+
+
+def test_padding_check_rejects_nonzero_outputs_at_pads():
+    """Outputs at pads must be zero."""
+    with pytest.raises(AssertionError, match="pad positions must be zero"):
+        assert_padding_invariant(_PadOutputsNotZero().eval(), [4, 2])
+
+
+class _MultipliesByTheMask(_CumSum):
+    """``y * mask`` instead of a fill: a NaN pad stays NaN (0 x NaN) in the pad outputs only."""
+
+    def forward(self, x, mask=None, state=None):
+        mask = self.check_input(x, mask)
+        c, final = self.run(x, mask, state)
+        return (c + 0 * x.sum(-1, keepdim=True)) * mask.unsqueeze(-1), final
+
+
+def test_padding_check_feeds_nan_pads_to_the_batched_run():
+    """The batched run gets NaN at its pads (an encoder that multiplies by the mask keeps them)."""
+    with pytest.raises(AssertionError, match="pad positions"):
+        assert_padding_invariant(_MultipliesByTheMask().eval(), [4, 2])
+
+
+class _SecondStateCountsPads(_CumSum):
+    """State (sum, steps) whose second tensor counts every position, pads included."""
+
+    def forward(self, x, mask=None, state=None):
+        mask = self.check_input(x, mask)
+        c, final = self.run(x, mask, None if state is None else state[0])
+        steps = x.new_full((x.shape[0], 1), float(x.shape[1]))
+        return zero_padding(c, mask), (final, steps)
+
+
+def test_padding_check_compares_every_tensor_of_the_final_state():
+    """Every tensor of the final state is compared (an LSTM's c as well as its h)."""
+    with pytest.raises(AssertionError, match="final state"):
+        assert_padding_invariant(_SecondStateCountsPads().eval(), [4, 2])
+
+
+class _DropsEmptyRowsFromTheState(_CumSum):
+    """Returns the final state of the non-empty rows only (as a packed run that skips them would)."""
+
+    def forward(self, x, mask=None, state=None):
+        mask = self.check_input(x, mask)
+        c, final = self.run(x, mask, state)
+        return zero_padding(c, mask), final[lengths_from_mask(mask) > 0]
+
+
+def test_padding_check_needs_a_state_of_the_whole_batch():
+    """A state without a row per batch row (as packing drops empty rows) is refused, not compared
+    on the rows it has."""
+    with pytest.raises(AssertionError, match="no batch dimension"):
+        assert_padding_invariant(_DropsEmptyRowsFromTheState().eval(), [7, 3, 1, 5, 0])
+
+
+class _NormalisesOverTheBatch(_CumSum):
+    def forward(self, x, mask=None, state=None):
+        out, final = super().forward(x, mask, state)
+        return out / (1 + lengths_from_mask(self.check_input(x, mask)).max()), final
+
+
+def test_batch_check_compares_a_sub_batch_with_padding():
+    """A padded sub-batch is compared with the whole batch."""
+    with pytest.raises(AssertionError, match=r"rows 1\.\.3"):
+        assert_batch_invariant(_NormalisesOverTheBatch().eval())
+
+
+class _UnsortsWithTheSortPermutation(_CumSum):
+    """Sorts rows by length and 'unsorts' with the same permutation instead of its inverse: right
+    whenever that permutation is its own inverse (as for the check's first two batches)."""
+
+    def forward(self, x, mask=None, state=None):
+        mask = self.check_input(x, mask)
+        order = lengths_from_mask(mask).argsort(descending=True, stable=True)
+        out, final = super().forward(x[order], mask[order], None if state is None else state[order])
+        return out[order], final[order]
+
+
+def test_batch_check_shuffles_the_batch():
+    """A shuffled batch is compared with the batch."""
+    with pytest.raises(AssertionError, match="shuffled batch"):
+        assert_batch_invariant(_UnsortsWithTheSortPermutation().eval())
+
+
+class _ForgetsTheStepCount(_CumSum):
+    """State (sum, tokens seen); the count restarts at every chunk instead of carrying on."""
+
+    def forward(self, x, mask=None, state=None):
+        mask = self.check_input(x, mask)
+        c, final = self.run(x, mask, None if state is None else state[0])
+        return zero_padding(c, mask), (final, lengths_from_mask(mask).to(x.dtype).unsqueeze(1))
+
+
+def test_chunk_check_compares_the_final_state():
+    """The chunked run's final state is compared with the whole run's."""
+    with pytest.raises(AssertionError, match="final state"):
+        assert_stateful_chunks(_ForgetsTheStepCount().eval())
+
+
+class _GradientLeaksToPads(torch.autograd.Function):
+    """A hand-written backward (as the QRNN kernels have) that forgets to zero the pads' gradient."""
+
+    @staticmethod
+    def forward(ctx, x, mask):
+        return x.masked_fill(~mask.unsqueeze(-1), 0.0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad + 1.0, None
+
+
+class _ReadsPadsBackwards(Encoder):
+    """Right outputs, finite parameter gradients, but a nonzero input gradient at the pads."""
+
+    def __init__(self) -> None:
+        super().__init__(3, 3)
+        self.scale = nn.Parameter(torch.ones(3))
+
+    def forward(self, x, mask=None, state=None):
+        mask = self.check_input(x, mask)
+        return torch.where(mask.unsqueeze(-1), _GradientLeaksToPads.apply(x, mask) * self.scale, 0.0), None
+
+
+def test_gradient_check_rejects_an_input_gradient_at_pads():
+    """The input gradient must be zero at pads."""
+    enc = _ReadsPadsBackwards()
+    with torch.no_grad():
+        assert_padding_invariant(enc.eval(), [4, 2])  # the outputs alone look right
+    with pytest.raises(AssertionError, match="input gradient at pad positions"):
+        assert_padding_gradients(enc, [4, 2])
+
+
+class _PadsInTheGradientWhenTraining(_CumSum):
+    """A training-only fast path that multiplies by the mask (0 x NaN in the weight gradient)."""
+
+    def forward(self, x, mask=None, state=None):
+        if not self.training:
+            return super().forward(x, mask, state)
+        mask = self.check_input(x, mask)
+        y = torch.where(mask.unsqueeze(-1), self.linear(x), 0.0)
+        return y.cumsum(1) * mask.unsqueeze(-1), None
+
+
+def test_gradient_check_runs_in_training_mode():
+    """Gradients are checked in training mode (a training-only path is checked too)."""
+    with pytest.raises(AssertionError, match="non-finite gradients"):
+        assert_padding_gradients(_PadsInTheGradientWhenTraining().eval(), [4, 2])
+
+
+class _PartlyNanGradient(Encoder):
+    """One parameter whose gradient is NaN in one entry only."""
+
+    def __init__(self) -> None:
+        super().__init__(3, 3)
+        self.mix = nn.Parameter(torch.tensor([0.5, 0.5]))
+
+    def forward(self, x, mask=None, state=None):
+        mask = self.check_input(x, mask)
+        y = self.mix[0] * x + self.mix[1] * x.nan_to_num()
+        return torch.where(mask.unsqueeze(-1), y, 0.0), None
+
+
+def test_gradient_check_rejects_a_gradient_with_any_non_finite_entry():
+    """Any non-finite entry of a gradient is refused, not only an all-NaN gradient."""
+    with pytest.raises(AssertionError, match=r"non-finite gradients of \['mix'\]"):
+        assert_padding_gradients(_PartlyNanGradient(), [4, 2])
+
+
+def test_assert_contract_includes_the_gradient_check():
+    """assert_contract runs the gradient check: this encoder passes every other invariant."""
+    with pytest.raises(AssertionError, match="non-finite gradients"):
+        assert_contract(_PadsInTheGradient())
+
+
+class _DependsSlightlyOnPadding(_CumSum):
+    def forward(self, x, mask=None, state=None):
+        out, final = super().forward(x, mask, state)
+        pads = (~self.check_input(x, mask)).sum(1, keepdim=True).unsqueeze(-1)
+        return out + 1e-4 * pads * (out != 0), final
+
+
+def test_assert_contract_tolerance_is_1e_5():
+    """assert_contract's tolerance is 1e-5: a padding dependence of 1e-4 fails."""
+    with pytest.raises(AssertionError, match="padded vs alone"):
+        assert_contract(_DependsSlightlyOnPadding())
