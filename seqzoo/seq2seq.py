@@ -157,7 +157,8 @@ class Seq2Seq(nn.Module):
         return self.dropout(self.embedding(reverse_padded(src, lengths, time_dim=1))), lengths
 
     def encode(self, src: Tensor, src_mask: Tensor) -> EncoderOutput:
-        """src (B, S) ids, src_mask (B, S) -> memory (B, S, H) and the final state of every layer."""
+        """src (B, S) ids, src_mask (B, S) -> memory (B, S, H) and what the decoder reads of every
+        encoder layer's final state (:class:`EncoderOutput`: the QRNN's projection ``V h̃_T``)."""
         raise NotImplementedError
 
     def decode(

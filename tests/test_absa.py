@@ -1,5 +1,4 @@
 import gzip
-import random
 from pathlib import Path
 
 import pytest
@@ -8,7 +7,6 @@ import torch.nn.functional as F
 
 import seqzoo.dtgru  # registers "dtgru"
 import seqzoo.mzu  # noqa: F401  (registers mzu)
-from seqzoo.config import load_config
 from seqzoo.data.absa import POLARITIES, hard_subset, read_semeval2014
 from seqzoo.data.errors import DataError
 from seqzoo.data.text import Tokenizer, Vocab
@@ -230,7 +228,6 @@ def _sentence(sid: str, text: str, terms: list[tuple[str, str]]) -> str:
 
 def test_an_aspect_term_may_end_the_sentence(tmp_path):
     """To == len(text) is valid (e.g. a sentence without final punctuation)."""
-    from seqzoo.data.absa import read_semeval2014
 
     path = tmp_path / "a.xml"
     path.write_text(_XML.format(_sentence("1", "I liked the pizza", [("pizza", "positive")])))
@@ -240,57 +237,8 @@ def test_an_aspect_term_may_end_the_sentence(tmp_path):
 
 def test_hds_groups_by_sentence_not_by_equal_text():
     """Two sentences that happen to have the same text, one aspect each, are not hard."""
-    from seqzoo.data.absa import AspectExample, hard_subset
+    from seqzoo.data.absa import AspectExample
 
     a = AspectExample("1", 0, "Good food.", "food", 5, 9, "positive")
     b = AspectExample("2", 1, "Good food.", "food", 5, 9, "negative")
     assert hard_subset([a, b]) == []
-
-
-def _absa_files(tmp_path: Path) -> tuple[Path, Path]:
-    rng = random.Random(0)
-    sentences = []
-    for i in range(20):
-        food, service = rng.choice(["positive", "negative"]), rng.choice(["positive", "negative", "neutral"])
-        sentences.append(
-            _sentence(str(i), f"The food and the service here {i}", [("food", food), ("service", service)])
-        )
-    train = tmp_path / "train.xml"
-    train.write_text(_XML.format("".join(sentences)))
-    test = tmp_path / "test.xml"
-    test.write_text(_XML.format(_sentence("t1", "The zucchini and the waiter", [("zucchini", "positive")])))
-    return train, test
-
-
-def _absa_config(train: Path, test: Path):
-    return load_config(
-        None,
-        [
-            "task=absa", f"data.train={train}", f"data.test={test}", "data.embedding_dim=8",
-            "model.encoder_args={hidden_size: 4, bidirectional: true}", "train.device=cpu",
-        ],
-    )  # fmt: skip
-
-
-def test_absa_dev_sentences_are_held_out_of_train(tmp_path):
-    """Without data.dev, the dev sentences are removed from train (no selection on training data)."""
-    from seqzoo.data.absa import read_semeval2014
-    from seqzoo.tasks.absa import load_splits
-
-    train, test = _absa_files(tmp_path)
-    splits = load_splits(_absa_config(train, test).data)
-    train_ids = {e.sentence_id for e in splits["train"]}
-    dev_ids = {e.sentence_id for e in splits["dev"]}
-    assert dev_ids and not train_ids & dev_ids
-    assert len(splits["train"]) + len(splits["dev"]) == len(read_semeval2014(train))
-
-
-def test_absa_vocabulary_comes_from_train_only(tmp_path):
-    """Words seen only in test ('zucchini', 'waiter') are <unk>, not vocabulary entries."""
-    from seqzoo.tasks.absa import ABSATask, load_splits
-
-    train, test = _absa_files(tmp_path)
-    config = _absa_config(train, test)
-    task = ABSATask(config, load_splits(config.data))
-    assert "food" in task.vocab
-    assert "zucchini" not in task.vocab and "waiter" not in task.vocab

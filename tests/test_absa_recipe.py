@@ -14,7 +14,7 @@ from seqzoo.config import load_config
 from seqzoo.data.absa import POLARITIES, AspectExample, hard_subset, hold_out_sentences, read_semeval2014
 from seqzoo.data.errors import DataError
 from seqzoo.runner import load_task
-from seqzoo.tasks.absa import load_splits, make_batch
+from seqzoo.tasks.absa import ABSATask, load_splits, make_batch
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "absa"
@@ -157,3 +157,26 @@ def check_predict(run_dir, tmp_path, capsys):
     texts.write_bytes(f"{sentence}\t{aspects[0]}\r\r{sentence} without a tab\r".encode())  # old Mac endings
     assert main(["predict", str(run_dir), "--input", str(texts)]) == 2
     assert f"{texts}:3: expected 'sentence<TAB>aspect term'" in capsys.readouterr().err
+
+
+def test_dev_sentences_are_held_out_of_train(semeval):
+    """Without data.dev, the dev sentences are removed from train (no selection on training data)."""
+    cfg = load_config(CONFIGS[0])
+    splits = load_splits(cfg.data)
+    train_ids = {e.sentence_id for e in splits["train"]}
+    dev_ids = {e.sentence_id for e in splits["dev"]}
+    assert dev_ids and not train_ids & dev_ids
+    assert len(splits["train"]) + len(splits["dev"]) == len(read_semeval2014(cfg.data.train))
+
+
+def test_the_vocabulary_comes_from_train_only(semeval):
+    """Words seen only in dev or test are <unk>, not vocabulary entries."""
+    cfg = load_config(CONFIGS[0], [f"data.embeddings={semeval}"])
+    splits = load_splits(cfg.data)
+    task = ABSATask(cfg, splits)
+
+    def words(name):
+        return {w for e in splits[name] for w in task.tokenizer(e.text)}
+
+    unseen = (words("dev") | words("test")) - words("train")
+    assert unseen and not unseen & set(task.vocab)

@@ -12,9 +12,7 @@ from seqzoo import build_encoder
 from seqzoo.base import Encoder, detach_state, lengths_from_mask, register_encoder, reverse_padded
 from seqzoo.baselines import TransformerEncoder, sinusoidal_positions
 from seqzoo.poolers import LastPooler, build_pooler
-from seqzoo.testing import (
-    assert_contract,
-)
+from seqzoo.testing import assert_contract
 
 
 @pytest.mark.parametrize("name", ["lstm", "gru"])

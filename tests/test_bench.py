@@ -324,7 +324,6 @@ def small_mzu_bench(monkeypatch):
 def _forward_backward_flops(lm, batch=2, bptt=3):
     """Matmul FLOPs per char of a forward and backward, from a carried state that needs a gradient
     (so that the first step's recurrent products have their backward too)."""
-    from torch.utils.flop_counter import FlopCounterMode
 
     chars = torch.randint(mzu_bench.VOCAB, (batch, bptt))
     lm.eval()
@@ -340,8 +339,8 @@ def _forward_backward_flops(lm, batch=2, bptt=3):
 
 def test_bench_mzu_flop_count_is_the_models_forward_and_backward_matmuls(small_mzu_bench, capsys):
     """train_flops_per_char = fwd+bwd matmul FLOPs per char of the whole LM (embedding lookups
-    free; the decoder's 2*H*V is 0.3 % of it here), as torch counts them on the same (toy-sized)
-    models: the backward's 2x, the decoder, the DT-GRU's depth and the MZU's composition."""
+    free), as torch counts them on the same (toy-sized) models: the backward's 2x, the decoder's
+    2*H*V, the DT-GRU's depth and the MZU's composition."""
     assert mzu_bench.main(["--composition", "sat", "--batch", "2", "--bptt", "3", "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     for row, lm in zip(rows, small_mzu_bench.values(), strict=True):

@@ -1,7 +1,7 @@
-"""The classification recipe's cross-validated runs: evaluating a fold uses that fold's own splits."""
+"""The classification recipe: cross-validated runs (evaluating a fold uses that fold's own splits),
+the per-epoch shuffle, max_len, the dev hold-out and the evaluation's averages."""
 
 import json
-import random
 import shutil
 from pathlib import Path
 
@@ -85,13 +85,9 @@ def test_a_fold_that_cannot_be_rebuilt_is_a_data_error(tmp_path, capsys):
 def _classification_task(tmp_path: Path, *overrides: str, dev_file: bool = True):
     from seqzoo.tasks.classification import build_tasks
 
-    rng = random.Random(0)
-    words = "good bad film plot actor scene story the a is was".split()
-    for split, n in (("train", 60), ("dev", 10), ("test", 10)):
-        if split == "dev" and not dev_file:
-            continue
-        lines = [f"{'pos' if i % 2 else 'neg'}\t{' '.join(rng.choices(words, k=rng.randint(2, 9)))}" for i in range(n)]
-        (tmp_path / f"toy.{split}").write_text("\n".join(lines) + "\n")
+    write_sentiment_corpus(tmp_path, sizes=(60, 10, 10))
+    if not dev_file:
+        (tmp_path / "toy.dev").unlink()
     config = load_config(
         None,
         [

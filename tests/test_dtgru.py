@@ -18,7 +18,8 @@ def test_contract(name, bidirectional):
 
 
 def _gru_ln_from_torch(ours: LayerNormGRU, ref: torch.nn.GRU) -> None:
-    """Copy torch's GRU weights into a layer_norm=False gru_ln (torch's update gate z is our 1 − u)."""
+    """Copy torch's GRU weights into a layer_norm=False gru_ln (torch's update gate z is our 1 − u),
+    and zero ``ref``'s candidate input bias in place (our candidate has none)."""
     with torch.no_grad():
         for k, suffix in enumerate(["", "_reverse"][: len(ours.cells)]):
             cell = ours.cells[k].cells[0]

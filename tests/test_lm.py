@@ -18,7 +18,7 @@ from seqzoo.checkpoint import join_tensors, split_tensors
 from seqzoo.cli import main
 from seqzoo.config import ConfigError, config_from_dict
 from seqzoo.data.errors import DataError
-from seqzoo.data.lm import batchify
+from seqzoo.data.lm import batchify, tbptt_batches
 from seqzoo.runner import load_task, run
 from seqzoo.tasks.lm import LMTask, loss_by_length_bucket, plot_length_buckets, read_splits, sample
 
@@ -434,40 +434,24 @@ def test_tokens_outside_the_training_vocabulary_are_counted_in_a_warning(corpus,
         assert ("they raise the BPC" in message) is (level == "char")
 
 
-def _lm_config(data_dir: Path, **data):
-    return config_from_dict(
-        {
-            "task": "lm",
-            "data": {"data_dir": str(data_dir), "level": "word", "batch_size": 2, "eval_batch_size": 2, "bptt": 4,
-                     "embedding_dim": 8, **data},
-            "model": {"encoder": "lstm", "encoder_args": {"hidden_size": 8}, "dropout": 0.0, "embedding_dropout": 0.0,
-                      "tie_weights": True},
-            "train": {"device": "cpu"},
-        }
-    )  # fmt: skip
-
-
 @pytest.fixture
-def lm_task(tmp_path):
-    from seqzoo.tasks.lm import LMTask, read_splits
-
-    rng = random.Random(0)
-    words = "the cat dog sat on mat ran to a tree".split()
-    for stem in ("train", "valid", "test"):
-        lines = [" ".join(rng.choices(words, k=rng.randint(3, 6))) for _ in range(12)]
-        (tmp_path / f"{stem}.txt").write_text("\n".join(lines) + "\n")
-    config = _lm_config(tmp_path)
+def lm_task(corpus, tmp_path):
+    """An untrained word LM on the corpus, in training mode without dropout (deterministic)."""
+    config = make_config(corpus, tmp_path, model={"dropout": 0.0, "embedding_dropout": 0.0})
     torch.manual_seed(0)
     task = LMTask(config, read_splits(config.data))
-    task.model.train()  # dropout is 0: training mode is deterministic
+    task.model.train()
     return task
+
+
+def _train_windows(task):
+    """The (input, target) windows of the training stream, as the task cuts them."""
+    return tbptt_batches(batchify(task.ids["train"], task.config.data.batch_size), task.config.data.bptt)
 
 
 def test_lm_training_carries_the_state_from_window_to_window(lm_task):
     """Window 1 is read with window 0's final state (TBPTT), i.e. as one pass over both windows."""
-    from seqzoo.data.lm import batchify, tbptt_batches
-
-    windows = tbptt_batches(batchify(lm_task.ids["train"], 2), 4)
+    windows = _train_windows(lm_task)
     (x0, _), (x1, y1) = windows[0], windows[1]
     with torch.no_grad():
         lm_task.train_loss(0)
@@ -490,9 +474,7 @@ def test_lm_training_state_is_reset_at_the_first_window_of_an_epoch(lm_task):
 def test_lm_step_loss_counts_target_tokens(lm_task):
     """Each window's loss is a mean over its target tokens, and counts them (the epoch's
     train_loss is then per token; the last window is shorter)."""
-    from seqzoo.data.lm import batchify, tbptt_batches
-
-    windows = tbptt_batches(batchify(lm_task.ids["train"], 2), 4)
+    windows = _train_windows(lm_task)
     assert windows[-1][1].numel() != windows[0][1].numel()  # the fixture has a short last window
     with torch.no_grad():
         counts = [lm_task.train_loss(b).count for b in lm_task.train_batches(0)]
@@ -501,7 +483,6 @@ def test_lm_step_loss_counts_target_tokens(lm_task):
 
 def test_length_buckets_name_their_half_open_range(monkeypatch):
     """Buckets are half-open, [min_length, max_length)."""
-    from seqzoo.tasks.lm import loss_by_length_bucket
 
     text = "ab\nabcde\nabcdefgh\n"  # lines of 2, 5 and 8 characters
     ids = torch.tensor([1 if c == "\n" else 2 for c in text])

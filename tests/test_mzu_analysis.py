@@ -2,6 +2,7 @@
 
 import random
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -171,12 +172,18 @@ def test_gru_and_mzu_panels_in_one_figure(trained, trained_gru, tmp_path, capsys
         plot_zone_relevance({"GRU": gru, "capMZU": mzu}, tmp_path / "mixed.png")
 
 
-def test_the_per_block_panel_is_labelled_as_blocks_of_units(trained, tmp_path, monkeypatch):
+@pytest.fixture
+def figures(monkeypatch):
+    """The figures plot_zone_relevance draws, in order, instead of PNGs."""
+    drawn = []
+    monkeypatch.setattr("seqzoo.mzu_analysis.save_figure", lambda fig, path: drawn.append(fig) or path)
+    return drawn
+
+
+def test_the_per_block_panel_is_labelled_as_blocks_of_units(trained, tmp_path, figures):
     """The panel slices h̃ and h into N blocks of units, which are not the MZU's zones (its last linear
     map mixes every zone into every unit): labelled "block k", not "zone k"; an MZU whose candidate
     is no M-function (regular_trans) has one block, not the gate's N."""
-    figures = []
-    monkeypatch.setattr("seqzoo.mzu_analysis.save_figure", lambda fig, path: figures.append(fig) or path)
     plot_zone_relevance(zone_relevance(load_task(trained, with_data=False), "the talks"), tmp_path / "x.png")
     blocks = figures[0].axes[1]  # the relevance panel, then the blocks panel (then their colour bars)
     assert [t.get_text() for t in blocks.get_yticklabels()] == ["block 1", "block 2", "block 3", "block 4"]
@@ -202,18 +209,14 @@ def test_char_sampling_never_draws_unk_and_warns_of_unknown_prime_characters(tra
     assert "prime tokens outside the vocabulary, read as <unk>: '€'" in caplog.text
 
 
-def test_zone_plot_panels_show_the_last_characters_and_the_final_ones_blocks(tmp_path, monkeypatch):
+def test_zone_plot_panels_show_the_last_characters_and_the_final_ones_blocks(tmp_path, figures):
     """The panel shows the last characters' relevance rows, and the block panel the final one's."""
-    from seqzoo.mzu_analysis import ZoneRelevance, plot_zone_relevance, relevance_matrix
+    from seqzoo.mzu_analysis import ZoneRelevance
 
-    figures = []
-    monkeypatch.setattr("seqzoo.mzu_analysis.save_figure", lambda fig, path: figures.append(fig) or path)
     torch.manual_seed(0)
     cand, state = torch.randn(7, 8), torch.randn(7, 8)
     rel = ZoneRelevance(list("abcdefg"), relevance_matrix(cand, state)[0], relevance_matrix(cand, state, 4))
     plot_zone_relevance(rel, tmp_path / "x.png", last=3)
     panel, blocks = (ax.images[0].get_array() for ax in figures[0].axes[:2])
-    import numpy as np
-
     assert torch.allclose(torch.tensor(np.ma.filled(panel, np.nan)), rel.overall[4:], equal_nan=True)
     assert torch.allclose(torch.tensor(np.ma.filled(blocks, np.nan)), rel.zones[:, -1], equal_nan=True)

@@ -52,14 +52,9 @@ def test_records_without_steps_are_drawn_by_epoch(tmp_path, figures):
     assert all(tick == int(tick) for tick in accuracy.get_xticks())  # no epoch 1.25
 
 
-def test_train_curve_leaves_out_the_auxiliary_term_and_the_star_sits_at_the_best_epoch(tmp_path, monkeypatch):
+def test_train_curve_leaves_out_the_auxiliary_term_and_the_star_sits_at_the_best_epoch(tmp_path, figures):
     """The train curve leaves out the auxiliary (disagreement) term, and the test star sits at the
     best epoch, not the last."""
-    import seqzoo.plots
-    from seqzoo.plots import plot_curves
-
-    drawn = {}
-    monkeypatch.setattr(seqzoo.plots, "save_figure", lambda fig, path: drawn.setdefault(path.name, fig) and path)
     records = [
         {"event": "step", "epoch": 1, "step": 10, "train_loss": 3.0, "train_auxiliary": 0.5},
         {"event": "epoch", "epoch": 1, "step": 10, "train_loss": 3.0, "dev_loss": 2.0, "dev_bpc": 2.9},
@@ -67,12 +62,6 @@ def test_train_curve_leaves_out_the_auxiliary_term_and_the_star_sits_at_the_best
         {"event": "epoch", "epoch": 2, "step": 20, "train_loss": 2.0, "dev_loss": 2.2, "dev_bpc": 3.1},
         {"event": "test", "best_epoch": 1, "test_bpc": 2.8},
     ]
-    path = tmp_path / "metrics.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    plot_curves(path, tmp_path, "bpc")
-
-    def lines(fig):
-        return {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in fig.axes[0].get_lines()}
-
-    assert lines(drawn["loss.png"])["train"] == ([10, 20], [2.5, 1.75])
-    assert lines(drawn["bpc.png"])["test (best dev)"] == ([10], [2.8])
+    plot_curves(_write(tmp_path, records), tmp_path, "bpc")
+    assert _lines(figures["loss.png"])["train"] == ([10, 20], [2.5, 1.75])
+    assert _lines(figures["bpc.png"])["test (best dev)"] == ([10], [2.8])

@@ -735,8 +735,6 @@ def test_epoch_time_leaves_out_checkpoint_writes(toy_corpus, tmp_path, monkeypat
     that jumps 100 s in each mid-epoch write tells the two apart."""
     import time
 
-    from seqzoo.training import Trainer
-
     jumps, real_clock, save = [0.0], time.perf_counter, Trainer._save_last
 
     def slow_save(self):
@@ -899,7 +897,6 @@ def test_per_seed_averages_each_metric_over_the_runs_that_have_it():
 
 def test_global_threads_option_sets_torch_threads(monkeypatch, tmp_path, capsys):
     """``seqzoo --threads N`` sets torch's thread count for the command."""
-    from seqzoo.cli import main
 
     threads = torch.get_num_threads()
     want = 3 if threads != 3 else 2

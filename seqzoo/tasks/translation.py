@@ -7,7 +7,8 @@ read as characters with one vocabulary for both sides. Training pairs with a sid
 Model: ``model.encoder`` is ``"qrnn"`` (:class:`~seqzoo.seq2seq.QRNNSeq2Seq`: ``encoder_args``
 ``hidden_size``, ``num_layers``, ``encoder_window``, ``decoder_window``, ``enc_state``) or ``"lstm"``
 (:class:`~seqzoo.seq2seq.LSTMSeq2Seq`: ``hidden_size``, ``num_layers``); ``model.dropout`` is its
-dropout; ``data.embedding_dim`` the embedding size.
+dropout (the configuration's default, 0.5, where a config does not set it: the paper's QRNN has 0,
+its LSTM 0.2, as the two shipped configs set); ``data.embedding_dim`` the embedding size.
 
 Metrics: ``loss`` is the teacher-forced mean NLL per target character (``<eos>`` included, in
 nats); ``bleu`` and ``chrf`` are sacrebleu corpus scores of the beam-search output
