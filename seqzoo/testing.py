@@ -111,16 +111,23 @@ def assert_batch_invariant(encoder: Encoder, atol: float = 1e-5, seed: int = 0) 
 
 
 def assert_stateful_chunks(
-    encoder: Encoder, chunks: tuple[int, ...] = (3, 1, 5), atol: float = 1e-5, seed: int = 0
+    encoder: Encoder,
+    chunks: tuple[int, ...] = (3, 1, 5),
+    atol: float = 1e-5,
+    seed: int = 0,
+    lengths: tuple[int, ...] = (9, 6, 4, 2),
 ) -> None:
-    """Running a sequence chunk by chunk, carrying (detached) state, equals one whole run."""
-    gen = torch.Generator().manual_seed(seed)
+    """Running a padded batch chunk by chunk, carrying (detached) state, equals one whole run:
+    outputs and each row's final state. The default rows end in the last chunk, at the end of
+    the second and inside the first (then all pads: their state must pass through unchanged)."""
     time = sum(chunks)
-    x = _randn(encoder, gen, 3, time)
-    whole, whole_state = encoder(x)
+    if max(lengths) != time:
+        raise ValueError(f"the longest row ({max(lengths)}) must span the chunks ({time} steps)")
+    x, mask = _nan_padded(encoder, list(lengths), seed)
+    whole, whole_state = encoder(x, mask)
     state, pieces, start = None, [], 0
     for n in chunks:
-        out, state = encoder(x[:, start : start + n], state=state)
+        out, state = encoder(x[:, start : start + n], mask[:, start : start + n], state=state)
         state = detach_state(state)
         pieces.append(out)
         start += n

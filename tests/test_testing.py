@@ -196,6 +196,23 @@ def test_chunk_check_compares_the_final_state():
         assert_stateful_chunks(_ForgetsTheStepCount().eval())
 
 
+class _EmptyRowsRestart(_CumSum):
+    """A row with no real token in a chunk gets the zero state back instead of keeping its own."""
+
+    def forward(self, x, mask=None, state=None):
+        out, final = super().forward(x, mask, state)
+        return out, final * lengths_from_mask(self.check_input(x, mask)).gt(0).unsqueeze(1)
+
+
+def test_chunk_check_carries_the_state_of_rows_that_have_ended():
+    """Chunks of a padded batch: a row that ended in an earlier chunk keeps its state."""
+    with pytest.raises(AssertionError, match="final state"):
+        assert_stateful_chunks(_EmptyRowsRestart().eval())
+    assert_stateful_chunks(_EmptyRowsRestart().eval(), lengths=(9, 9, 9, 9))  # no row ends early: no fault
+    with pytest.raises(ValueError, match="must span the chunks"):
+        assert_stateful_chunks(_CumSum().eval(), lengths=(8, 4))
+
+
 class _GradientLeaksToPads(torch.autograd.Function):
     """A hand-written backward (as the QRNN kernels have) that forgets to zero the pads' gradient."""
 
