@@ -3,6 +3,8 @@ fault it exists for, one deliberately broken encoder per fault."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 from torch import nn
@@ -99,12 +101,6 @@ class _PadOutputsNotZero(_CumSum):
         return self.run(x, mask, state)  # pads hold the running sum, not 0
 
 
-def test_padding_check_rejects_nonzero_outputs_at_pads():
-    """Outputs at pads must be zero."""
-    with pytest.raises(AssertionError, match="pad positions must be zero"):
-        assert_padding_invariant(_PadOutputsNotZero().eval(), [4, 2])
-
-
 class _MultipliesByTheMask(_CumSum):
     """``y * mask`` instead of a fill: a NaN pad stays NaN (0 x NaN) in the pad outputs only."""
 
@@ -112,12 +108,6 @@ class _MultipliesByTheMask(_CumSum):
         mask = self.check_input(x, mask)
         c, final = self.run(x, mask, state)
         return (c + 0 * x.sum(-1, keepdim=True)) * mask.unsqueeze(-1), final
-
-
-def test_padding_check_feeds_nan_pads_to_the_batched_run():
-    """The batched run gets NaN at its pads (an encoder that multiplies by the mask keeps them)."""
-    with pytest.raises(AssertionError, match="pad positions"):
-        assert_padding_invariant(_MultipliesByTheMask().eval(), [4, 2])
 
 
 class _SecondStateCountsPads(_CumSum):
@@ -130,12 +120,6 @@ class _SecondStateCountsPads(_CumSum):
         return zero_padding(c, mask), (final, steps)
 
 
-def test_padding_check_compares_every_tensor_of_the_final_state():
-    """Every tensor of the final state is compared (an LSTM's c as well as its h)."""
-    with pytest.raises(AssertionError, match="final state"):
-        assert_padding_invariant(_SecondStateCountsPads().eval(), [4, 2])
-
-
 class _DropsEmptyRowsFromTheState(_CumSum):
     """Returns the final state of the non-empty rows only (as a packed run that skips them would)."""
 
@@ -145,23 +129,10 @@ class _DropsEmptyRowsFromTheState(_CumSum):
         return zero_padding(c, mask), final[lengths_from_mask(mask) > 0]
 
 
-def test_padding_check_needs_a_state_of_the_whole_batch():
-    """A state without a row per batch row (as packing drops empty rows) is refused, not compared
-    on the rows it has."""
-    with pytest.raises(AssertionError, match="no batch dimension"):
-        assert_padding_invariant(_DropsEmptyRowsFromTheState().eval(), [7, 3, 1, 5, 0])
-
-
 class _NormalisesOverTheBatch(_CumSum):
     def forward(self, x, mask=None, state=None):
         out, final = super().forward(x, mask, state)
         return out / (1 + lengths_from_mask(self.check_input(x, mask)).max()), final
-
-
-def test_batch_check_compares_a_sub_batch_with_padding():
-    """A padded sub-batch is compared with the whole batch."""
-    with pytest.raises(AssertionError, match=r"rows 1\.\.3"):
-        assert_batch_invariant(_NormalisesOverTheBatch().eval())
 
 
 class _UnsortsWithTheSortPermutation(_CumSum):
@@ -175,12 +146,6 @@ class _UnsortsWithTheSortPermutation(_CumSum):
         return out[order], final[order]
 
 
-def test_batch_check_shuffles_the_batch():
-    """A shuffled batch is compared with the batch."""
-    with pytest.raises(AssertionError, match="shuffled batch"):
-        assert_batch_invariant(_UnsortsWithTheSortPermutation().eval())
-
-
 class _ForgetsTheStepCount(_CumSum):
     """State (sum, tokens seen); the count restarts at every chunk instead of carrying on."""
 
@@ -188,12 +153,6 @@ class _ForgetsTheStepCount(_CumSum):
         mask = self.check_input(x, mask)
         c, final = self.run(x, mask, None if state is None else state[0])
         return zero_padding(c, mask), (final, lengths_from_mask(mask).to(x.dtype).unsqueeze(1))
-
-
-def test_chunk_check_compares_the_final_state():
-    """The chunked run's final state is compared with the whole run's."""
-    with pytest.raises(AssertionError, match="final state"):
-        assert_stateful_chunks(_ForgetsTheStepCount().eval())
 
 
 class _EmptyRowsRestart(_CumSum):
@@ -205,9 +164,8 @@ class _EmptyRowsRestart(_CumSum):
 
 
 def test_chunk_check_carries_the_state_of_rows_that_have_ended():
-    """Chunks of a padded batch: a row that ended in an earlier chunk keeps its state."""
-    with pytest.raises(AssertionError, match="final state"):
-        assert_stateful_chunks(_EmptyRowsRestart().eval())
+    """Chunks of a padded batch: a row that ended in an earlier chunk keeps its state (FAULTS has
+    the encoder that resets it); without early ends it passes, and the rows must span the chunks."""
     assert_stateful_chunks(_EmptyRowsRestart().eval(), lengths=(9, 9, 9, 9))  # no row ends early: no fault
     with pytest.raises(ValueError, match="must span the chunks"):
         assert_stateful_chunks(_CumSum().eval(), lengths=(8, 4))
@@ -257,12 +215,6 @@ class _PadsInTheGradientWhenTraining(_CumSum):
         return y.cumsum(1) * mask.unsqueeze(-1), None
 
 
-def test_gradient_check_runs_in_training_mode():
-    """Gradients are checked in training mode (a training-only path is checked too)."""
-    with pytest.raises(AssertionError, match="non-finite gradients"):
-        assert_padding_gradients(_PadsInTheGradientWhenTraining().eval(), [4, 2])
-
-
 class _PartlyNanGradient(Encoder):
     """One parameter whose gradient is NaN in one entry only."""
 
@@ -274,18 +226,6 @@ class _PartlyNanGradient(Encoder):
         mask = self.check_input(x, mask)
         y = self.mix[0] * x + self.mix[1] * x.nan_to_num()
         return torch.where(mask.unsqueeze(-1), y, 0.0), None
-
-
-def test_gradient_check_rejects_a_gradient_with_any_non_finite_entry():
-    """Any non-finite entry of a gradient is refused, not only an all-NaN gradient."""
-    with pytest.raises(AssertionError, match=r"non-finite gradients of \['mix'\]"):
-        assert_padding_gradients(_PartlyNanGradient(), [4, 2])
-
-
-def test_assert_contract_includes_the_gradient_check():
-    """assert_contract runs the gradient check: this encoder passes every other invariant."""
-    with pytest.raises(AssertionError, match="non-finite gradients"):
-        assert_contract(_PadsInTheGradient())
 
 
 class _DependsSlightlyOnPadding(_CumSum):
@@ -305,3 +245,30 @@ def test_assert_contract_tolerance_is_1e_5():
     with pytest.raises(AssertionError, match="padded vs alone"):
         assert_contract(_DependsSlightlyOnPadding(1e-4))
     assert_contract(_DependsSlightlyOnPadding(1e-7))
+
+
+# (the broken encoder, the check that must reject it, what the check says)
+FAULTS = [
+    (_PadOutputsNotZero, partial(assert_padding_invariant, lengths=[4, 2]), "pad positions must be zero"),
+    (_MultipliesByTheMask, partial(assert_padding_invariant, lengths=[4, 2]), "pad positions"),
+    (_SecondStateCountsPads, partial(assert_padding_invariant, lengths=[4, 2]), "final state"),
+    (_DropsEmptyRowsFromTheState, partial(assert_padding_invariant, lengths=[7, 3, 1, 5, 0]), "no batch dimension"),
+    (_NormalisesOverTheBatch, assert_batch_invariant, r"rows 1\.\.3"),
+    (_UnsortsWithTheSortPermutation, assert_batch_invariant, "shuffled batch"),
+    (_ForgetsTheStepCount, assert_stateful_chunks, "final state"),
+    (_EmptyRowsRestart, assert_stateful_chunks, "final state"),
+    (_PadsInTheGradientWhenTraining, partial(assert_padding_gradients, lengths=[4, 2]), "non-finite gradients"),
+    (_PartlyNanGradient, partial(assert_padding_gradients, lengths=[4, 2]), r"non-finite gradients of \['mix'\]"),
+    (_PadsInTheGradient, assert_contract, "non-finite gradients"),  # passes every other invariant
+]
+
+
+@pytest.mark.parametrize(("broken", "check", "message"), FAULTS, ids=[f[0].__name__.strip("_") for f in FAULTS])
+def test_the_checker_rejects_each_fault(broken, check, message):
+    """Each deliberately broken encoder is rejected by the check that exists for its fault (the
+    padding check runs the batch with NaN pads, compares every state tensor of every row, needs a
+    state of the whole batch; the batch check compares a padded sub-batch and a shuffled batch; the
+    chunk check compares the final state; the gradient check runs in training mode and refuses any
+    non-finite entry; assert_contract includes it)."""
+    with pytest.raises(AssertionError, match=message):
+        check(broken().eval())
