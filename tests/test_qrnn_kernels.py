@@ -47,7 +47,7 @@ def _assert_matches_reference(fn, pooling, zoneout, reverse, atol=1e-5):
     gates, lengths, c0, kwargs = _inputs(pooling, zoneout)
     fast = _values_and_grads(fn, gates, lengths, c0, kwargs, reverse)
     ref = _values_and_grads(qrnn_pool_reference, gates, lengths, c0, kwargs, reverse)
-    for name, a, b in zip(("h", "c_last", "d_gates", "d_c0"), fast, ref, strict=True):
+    for name, a, b in zip(("h", "c_last", "d_gates", "d_c0")[: len(fast)], fast, ref, strict=True):
         assert torch.allclose(a, b, atol=atol, rtol=1e-5), f"{name}: max diff {(a - b).abs().max():.3g}"
     assert not fast[0][1, lengths[1] :].any() and not fast[0][2].any(), "outputs at pads must be zero"
 
@@ -109,17 +109,17 @@ def test_rejects_wrong_gate_count():
         qrnn_pool(torch.zeros(2, 3, 2, 4), torch.tensor([3, 3]), pooling="fo")
 
 
-@pytest.fixture
-def interpreted_triton(monkeypatch):
+def _interpreted_triton(monkeypatch, small: bool):
     """The Triton module re-imported with TRITON_INTERPRET=1, so its kernels run on CPU tensors;
-    chunks of 4 steps and blocks of 16 channels, so that the short test sequences span several
-    chunks (the scan's carry from chunk to chunk) and rows several blocks."""
+    ``small``: chunks of 4 steps and blocks of 16 channels, so that the short test sequences span
+    several chunks (the scan's carry from chunk to chunk) and rows several blocks."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     pytest.importorskip("triton")
     sys.modules.pop("seqzoo.kernels.qrnn_pool_triton", None)
     module = importlib.import_module("seqzoo.kernels.qrnn_pool_triton")
-    monkeypatch.setattr(module, "_CHUNK", 4)
-    monkeypatch.setattr(module, "_BLOCK", 16)
+    if small:
+        monkeypatch.setattr(module, "_CHUNK", 4)
+        monkeypatch.setattr(module, "_BLOCK", 16)
     try:  # a loop bound loaded from memory, as the kernels have
         module.qrnn_pool_triton(torch.zeros(1, 1, 1, 1), torch.tensor([1]), pooling="f")
     except Exception as error:
@@ -133,7 +133,20 @@ def interpreted_triton(monkeypatch):
             f"Triton {triton.__version__}'s interpreter keeps scalars as 1-element arrays, which NumPy "
             f"{numpy.__version__} no longer converts to int (a loop bound); Triton 3.9 runs these tests"
         )
-    yield module.qrnn_pool_triton
+    return module
+
+
+@pytest.fixture
+def interpreted_triton(monkeypatch):
+    """The interpreted kernel at small chunk and block sizes."""
+    yield _interpreted_triton(monkeypatch, small=True).qrnn_pool_triton
+    sys.modules.pop("seqzoo.kernels.qrnn_pool_triton", None)
+
+
+@pytest.fixture
+def interpreted_triton_at_gpu_sizes(monkeypatch):
+    """The interpreted kernel at the module's own chunk and block sizes, which a GPU runs."""
+    yield _interpreted_triton(monkeypatch, small=False).qrnn_pool_triton
     sys.modules.pop("seqzoo.kernels.qrnn_pool_triton", None)
 
 
@@ -501,3 +514,176 @@ def test_compiled_pool_scales_a_keep_mask_by_keep_prob_like_the_reference(poolin
         qrnn_pool_compiled(gates, lengths, c0, **kwargs), qrnn_pool_reference(gates, lengths, c0, **kwargs), strict=True
     ):
         torch.testing.assert_close(a, b)
+
+
+def _pool_inputs(pooling, shape=(3, 9, 20), dtype=torch.float32, seed=0, keep=False):
+    gen = torch.Generator().manual_seed(seed)
+    batch, time, hidden = shape
+    gates = torch.randn(batch, time, POOLINGS[pooling], hidden, generator=gen, dtype=dtype)
+    c0 = torch.randn(batch, hidden, generator=gen, dtype=dtype)
+    lengths = torch.tensor([time, time // 2, 1, 0][:batch])
+    mask = (torch.rand(batch, time, hidden, generator=gen) >= 0.3) if keep else None
+    return gates, lengths, c0, mask
+
+
+def _pool_and_grads(fn, gates, lengths, c0, loss_fn, **kwargs):
+    gates = gates.detach().requires_grad_(True)
+    leaves = [gates]
+    if c0 is not None:
+        c0 = c0.detach().requires_grad_(True)
+        leaves.append(c0)
+    h, c = fn(gates, lengths, c0, **kwargs)
+    grads = torch.autograd.grad(loss_fn(h, c), leaves)
+    return (h.detach(), c.detach(), *grads)
+
+
+def _assert_all_close(fast, ref, atol=1e-5, rtol=1e-5):
+    for name, a, b in zip(("h", "c_last", "d_gates", "d_c0")[: len(fast)], fast, ref, strict=True):
+        assert a.dtype == b.dtype, f"{name}: {a.dtype} != {b.dtype}"
+        assert torch.allclose(a, b, atol=atol, rtol=rtol), f"{name}: max diff {(a - b).abs().max():.3g}"
+
+
+def _weighted_loss(h, c):
+    gen = torch.Generator().manual_seed(1)
+    return (h * torch.randn(h.shape, generator=gen)).sum() + (c * torch.randn(c.shape, generator=gen)).sum()
+
+
+# --- the real bug -----------------------------------------------------------------------------
+
+
+def test_dc0_is_right_when_the_c_last_gradient_arrives_transposed(interpreted_triton):
+    """A loss through c_last.t() hands the backward a dc_last with strides (1, B); the kernel
+    writes dc0 contiguous (b * H + col), so dc0 must be allocated so (it was empty_like(dc_last),
+    and dL/dc0 came back scrambled, silently: session 41)."""
+    gates, lengths, c0, _ = _pool_inputs("fo", shape=(3, 5, 4), dtype=torch.float64)
+    weight = torch.randn(4, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+
+    def loss(h, c):
+        return (c.t() * weight).sum() + h.sum()
+
+    fast = _pool_and_grads(interpreted_triton, gates, lengths, c0, loss, pooling="fo")
+    ref = _pool_and_grads(qrnn_pool_reference, gates, lengths, c0, loss, pooling="fo")
+    _assert_all_close(fast, ref, atol=1e-10, rtol=1e-10)
+
+
+# --- survivors of the mutation run ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("pooling", "reverse"), [("fo", False), ("ifo", True)])
+def test_without_c0_matches_the_reference(interpreted_triton, pooling, reverse):
+    """The encoders' usual call passes no c0 (HAS_C0 false): the state starts at zero, and the
+    backward's c_{s-1} before the first step is zero, not the previous row's last state."""
+    gates, lengths, _, keep = _pool_inputs(pooling, keep=True)
+    kwargs = {"pooling": pooling, "keep": keep, "reverse": reverse}
+    fast = _pool_and_grads(interpreted_triton, gates, lengths, None, _weighted_loss, **kwargs)
+    ref = _pool_and_grads(qrnn_pool_reference, gates, lengths, None, _weighted_loss, **kwargs)
+    _assert_all_close(fast, ref)
+
+
+def test_non_contiguous_inputs(interpreted_triton):
+    """Time-major gates (a (T, B, ...) projection transposed), a transposed c0 and keep mask: the
+    kernels index as if contiguous, so the wrapper must make them so."""
+    gates, lengths, c0, keep = _pool_inputs("fo", keep=True)
+    gates_tm = gates.transpose(0, 1).contiguous().transpose(0, 1)  # same values, strides of (T, B, G, H)
+    c0_t = c0.t().contiguous().t()
+    keep_tm = keep.transpose(0, 1).contiguous().transpose(0, 1)
+    assert not (gates_tm.is_contiguous() or c0_t.is_contiguous() or keep_tm.is_contiguous())
+    kwargs = {"pooling": "fo", "keep": keep_tm}
+    fast = _pool_and_grads(interpreted_triton, gates_tm, lengths, c0_t, _weighted_loss, **kwargs)
+    ref = _pool_and_grads(qrnn_pool_reference, gates, lengths, c0, _weighted_loss, pooling="fo", keep=keep)
+    _assert_all_close(fast, ref)
+
+
+@pytest.mark.parametrize("loss", ["sum", "time_major"])
+def test_non_contiguous_output_gradients(interpreted_triton, loss):
+    """h.sum() / c.sum() hand the backward expanded (stride-0) gradients, a time-major consumer of h
+    a transposed one: the wrapper must make them contiguous before the kernel reads them."""
+    gates, lengths, c0, _ = _pool_inputs("ifo")
+    weight = torch.randn(9, 3, 20, generator=torch.Generator().manual_seed(3))  # (T, B, H)
+
+    def loss_fn(h, c):
+        return h.sum() + c.sum() if loss == "sum" else (h.transpose(0, 1) * weight).sum() + c.sum()
+
+    fast = _pool_and_grads(interpreted_triton, gates, lengths, c0, loss_fn, pooling="ifo", reverse=True)
+    ref = _pool_and_grads(qrnn_pool_reference, gates, lengths, c0, loss_fn, pooling="ifo", reverse=True)
+    _assert_all_close(fast, ref)
+
+
+@pytest.mark.parametrize("pooling", ["f", "ifo"])
+def test_float64_keep_prob_is_exact(interpreted_triton, pooling):
+    """The CPU twin of test_triton_on_gpu_keeps_float64_keep_prob_exact: keep_prob in float32
+    anywhere in the kernel is 1e-8 off."""
+    gates, lengths, c0, _ = _pool_inputs(pooling, dtype=torch.float64)
+
+    def loss_fn(h, c):
+        return h.square().sum() + c.sum()
+
+    kwargs = {"pooling": pooling, "keep_prob": 0.7, "reverse": True}
+    fast = _pool_and_grads(interpreted_triton, gates, lengths, c0, loss_fn, **kwargs)
+    ref = _pool_and_grads(qrnn_pool_reference, gates, lengths, c0, loss_fn, **kwargs)
+    _assert_all_close(fast, ref, atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_gates_pool_in_float32(interpreted_triton, dtype):
+    """Forget gates near 1 (f = sigmoid(6)): pooled in the gates' own precision, the state's small
+    steps round away; in float32 (as documented) only the output's rounding remains."""
+    gates, lengths, c0, _ = _pool_inputs("fo", shape=(2, 40, 20))
+    gates[:, :, 1] = 6.0
+    lengths = torch.tensor([40, 33])
+    gates = gates.to(dtype)
+    c0 = c0.to(dtype)
+    h, c = interpreted_triton(gates, lengths, c0, pooling="fo")
+    h_ref, c_ref = qrnn_pool_reference(gates.float(), lengths, c0.float(), pooling="fo")
+    assert h.dtype == dtype and c.dtype == dtype
+    eps = torch.finfo(dtype).eps
+    assert torch.allclose(h.float(), h_ref, atol=2 * eps, rtol=2 * eps), (h.float() - h_ref).abs().max()
+    assert torch.allclose(c.float(), c_ref, atol=2 * eps, rtol=2 * eps), (c.float() - c_ref).abs().max()
+
+
+def test_default_chunk_and_block_sizes(interpreted_triton_at_gpu_sizes):
+    """The other tests shrink the chunk to 4 steps and blocks to 16 channels; a GPU runs the module's
+    own sizes: > 32 steps and > 32 channels cross a chunk and a block boundary."""
+    gates, lengths, c0, keep = _pool_inputs("fo", shape=(2, 37, 34), keep=True)
+    kwargs = {"pooling": "fo", "keep": keep, "reverse": True}
+    fast = _pool_and_grads(interpreted_triton_at_gpu_sizes, gates, lengths, c0, _weighted_loss, **kwargs)
+    ref = _pool_and_grads(qrnn_pool_reference, gates, lengths, c0, _weighted_loss, **kwargs)
+    _assert_all_close(fast, ref)
+
+
+# --- the dispatch from qrnn_pool ----------------------------------------------------------------
+
+
+def test_cuda_tensors_are_routed_to_triton():
+    """Needs no GPU: pool_backend only asks whether Triton imports."""
+    pytest.importorskip("triton")
+    assert pool_backend("cuda") == "triton"
+
+
+@pytest.fixture
+def routed_to_triton(monkeypatch, interpreted_triton):
+    """qrnn_pool taking its CUDA branch on CPU tensors (the interpreted kernel)."""
+    monkeypatch.delenv("SEQZOO_QRNN_BACKEND", raising=False)
+    monkeypatch.setattr(pool_module, "pool_backend", lambda *args, **kwargs: "triton")
+    return interpreted_triton
+
+
+@pytest.mark.parametrize("pooling", ["f", "ifo"])
+def test_qrnn_pool_hands_every_option_to_triton(routed_to_triton, pooling):
+    """qrnn_pool passes every option (here reverse) on to the kernel."""
+    gates, lengths, c0, keep = _pool_inputs(pooling, keep=True)
+    kwargs = {"pooling": pooling, "keep": keep, "keep_prob": 0.9, "reverse": True}
+    fast = _pool_and_grads(qrnn_pool, gates, lengths, c0, _weighted_loss, **kwargs)
+    ref = _pool_and_grads(qrnn_pool_reference, gates, lengths, c0, _weighted_loss, **kwargs)
+    _assert_all_close(fast, ref)
+
+
+def test_qrnn_pool_checks_arguments_before_triton(routed_to_triton):
+    """The Triton kernel indexes without bounds checks: qrnn_pool must refuse bad shapes first."""
+    gates, lengths, c0, _ = _pool_inputs("fo")
+    with pytest.raises(ValueError, match="c0 must be"):
+        qrnn_pool(gates, lengths, c0[:, :-1], pooling="fo")
+    with pytest.raises(ValueError, match="lengths must be"):
+        qrnn_pool(gates, lengths[:-1], c0, pooling="fo")
+    with pytest.raises(ValueError, match="keep must be"):
+        qrnn_pool(gates, lengths, c0, pooling="fo", keep=torch.ones(3, 9, 19, dtype=torch.bool))

@@ -289,7 +289,7 @@ class _TritonPool(torch.autograd.Function):
             return dgates, None, dc0, None, None, None, None
         batch, time, _, hidden = gates.shape
         dgates = torch.empty_like(gates)
-        dc0 = torch.empty_like(dc_last, dtype=gates.dtype)
+        dc0 = gates.new_empty(batch, hidden)  # contiguous, as the kernel writes it (dc_last may be strided)
         grid = (batch, triton.cdiv(hidden, _BLOCK))
         with _launching_on(gates):
             _backward_kernel[grid](
