@@ -192,7 +192,10 @@ def test_contract(composition, depth, share, bidirectional):
         bidirectional=bidirectional,
         dropout=0.2,
     )
-    assert_contract(enc)
+    # float64 shows the logic to rounding's size; float32's batch-dependent matmul blocking alone
+    # reaches 2.4e-5 on some row lengths, so its tolerance leaves room for that
+    assert_contract(enc.double(), atol=1e-10)
+    assert_contract(enc.float(), atol=1e-4)
 
 
 @pytest.mark.parametrize("composition", ["sat", "gcn", "cap"])
