@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import seqzoo.dtgru  # registers "dtgru"
 import seqzoo.mzu  # noqa: F401  (registers mzu)
-from seqzoo.data.absa import POLARITIES, hard_subset, read_semeval2014
+from seqzoo.data.absa import POLARITIES, AspectExample, hard_subset, read_semeval2014
 from seqzoo.data.errors import DataError
 from seqzoo.data.text import Tokenizer, Vocab
 from seqzoo.tasks.absa import AspectSentimentClassifier, make_batch
@@ -212,33 +212,19 @@ def test_an_empty_sentence_text_is_refused(tmp_path):
         read_semeval2014(path)
 
 
-_XML = """<?xml version="1.0" encoding="UTF-8"?>
-<sentences>{}
-</sentences>
-"""
-
-
-def _sentence(sid: str, text: str, terms: list[tuple[str, str]]) -> str:
-    aspects = "".join(
-        f'<aspectTerm term="{t}" polarity="{p}" from="{text.index(t)}" to="{text.index(t) + len(t)}"/>'
-        for t, p in terms
-    )
-    return f'\n<sentence id="{sid}"><text>{text}</text><aspectTerms>{aspects}</aspectTerms></sentence>'
-
-
 def test_an_aspect_term_may_end_the_sentence(tmp_path):
     """To == len(text) is valid (e.g. a sentence without final punctuation)."""
-
     path = tmp_path / "a.xml"
-    path.write_text(_XML.format(_sentence("1", "I liked the pizza", [("pizza", "positive")])))
+    path.write_text(
+        '<sentences><sentence id="1"><text>I liked the pizza</text><aspectTerms>'
+        '<aspectTerm term="pizza" polarity="positive" from="12" to="17"/></aspectTerms></sentence></sentences>'
+    )
     (example,) = read_semeval2014(path)
     assert (example.start, example.end, example.aspect) == (12, 17, "pizza")
 
 
 def test_hds_groups_by_sentence_not_by_equal_text():
     """Two sentences that happen to have the same text, one aspect each, are not hard."""
-    from seqzoo.data.absa import AspectExample
-
     a = AspectExample("1", 0, "Good food.", "food", 5, 9, "positive")
     b = AspectExample("2", 1, "Good food.", "food", 5, 9, "negative")
     assert hard_subset([a, b]) == []

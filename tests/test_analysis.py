@@ -107,7 +107,6 @@ class _StubTask:
 def test_hidden_states_keep_the_units_of_largest_variance_not_magnitude():
     """Units are chosen by variance over the text, not by mean |value| (a large constant unit is no
     feature of the text)."""
-
     table = torch.tensor([[10.0, 0.0, 0.1], [10.0, 1.0, 0.2], [10.0, -1.0, 0.3]])
     states = hidden_states(_StubTask(table), "0 1 2 1", channels=1)
     assert states.channels == [1]
@@ -116,7 +115,6 @@ def test_hidden_states_keep_the_units_of_largest_variance_not_magnitude():
 def test_hidden_states_are_read_with_dropout_off_and_cut_at_max_len():
     """Read in eval mode (no dropout noise in the figure), cut at data.max_len, and the model
     given back in its mode."""
-
     table = torch.arange(1.0, 13.0).view(4, 3)
     task = _StubTask(table, max_len=3, dropout=0.5)
     states = hidden_states(task, "0 1 2 3")

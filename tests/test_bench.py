@@ -324,7 +324,6 @@ def small_mzu_bench(monkeypatch):
 def _forward_backward_flops(lm, batch=2, bptt=3):
     """Matmul FLOPs per char of a forward and backward, from a carried state that needs a gradient
     (so that the first step's recurrent products have their backward too)."""
-
     chars = torch.randint(mzu_bench.VOCAB, (batch, bptt))
     lm.eval()
     _, state = lm.encoder(lm.embedding(chars))

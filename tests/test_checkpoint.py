@@ -39,7 +39,6 @@ def test_a_corrupt_tensor_file_is_a_data_error_naming_it(tmp_path):
 
 def test_a_crash_after_the_swap_but_before_cleanup_resolves_to_the_new_checkpoint(tmp_path):
     """Both last/ (new, complete) and last.old/ (previous) exist: the new one is the checkpoint."""
-
     save_checkpoint_dir(tmp_path / "last", {"model": {"w": torch.ones(2)}}, {})
     save_checkpoint_dir(tmp_path / "last.old", {"model": {"w": torch.zeros(2)}}, {})  # (saving last/ removes .old)
     assert (tmp_path / "last.old").is_dir()
@@ -50,7 +49,6 @@ def test_a_crash_after_the_swap_but_before_cleanup_resolves_to_the_new_checkpoin
 
 def test_a_directory_without_tensors_is_no_checkpoint(tmp_path):
     """An empty best/ (created by hand, or by a tool) is not 'complete'; its .old twin is used."""
-
     (tmp_path / "best").mkdir()
     assert resolve_checkpoint(tmp_path / "best") is None
     save_checkpoint_dir(tmp_path / "best.old", {"model": {"w": torch.zeros(2)}}, {})

@@ -56,7 +56,6 @@ def test_bucket_batches_group_similar_lengths():
 
 def test_shuffled_batches_are_not_in_length_order():
     """The batch order is shuffled (unshuffled, every epoch ran a pool's batches short to long)."""
-
     lengths = list(range(100))  # one pool
     for seed in range(3):
         batches = bucket_batches(lengths, 10, shuffle=True, seed=seed)

@@ -63,7 +63,6 @@ def test_char_level_reads_crlf_and_cr_files_as_lf(tmp_path):
 
 def test_a_blank_line_contributes_an_eos_token(tmp_path):
     """Word level: a blank line is just <eos> (it still counts in the perplexity's denominator)."""
-
     path = tmp_path / "t.txt"
     path.write_text("a b\n\nc\n")
     assert read_lm_tokens(path, "word") == ["a", "b", EOS, EOS, "c", EOS]

@@ -483,7 +483,6 @@ def test_lm_step_loss_counts_target_tokens(lm_task):
 
 def test_length_buckets_name_their_half_open_range(monkeypatch):
     """Buckets are half-open, [min_length, max_length)."""
-
     text = "ab\nabcde\nabcdefgh\n"  # lines of 2, 5 and 8 characters
     ids = torch.tensor([1 if c == "\n" else 2 for c in text])
     task = types.SimpleNamespace(

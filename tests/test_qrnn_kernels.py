@@ -35,20 +35,28 @@ def _inputs(pooling: str, zoneout: str, dtype: torch.dtype = torch.float32, shap
     return gates, lengths, c0, {"pooling": pooling, "keep": keep, "keep_prob": 0.7 if zoneout == "eval" else 1.0}
 
 
-def _values_and_grads(fn, gates, lengths, c0, kwargs, reverse):
-    h, c = fn(gates, lengths, c0, reverse=reverse, **kwargs)
+def _weighted_loss(h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     gen = torch.Generator().manual_seed(1)
     weights = [torch.randn(t.shape, generator=gen, dtype=t.dtype).to(t.device) for t in (h, c)]
-    loss = (h * weights[0]).sum() + (c * weights[1]).sum()
-    return (h, c, *torch.autograd.grad(loss, (gates, c0)))
+    return (h * weights[0]).sum() + (c * weights[1]).sum()
+
+
+def _values_and_grads(fn, gates, lengths, c0, kwargs, reverse, loss=_weighted_loss):
+    """h, c_last and the gradients of ``loss(h, c_last)`` w.r.t. the gates (and c0, where given)."""
+    h, c = fn(gates, lengths, c0, reverse=reverse, **kwargs)
+    return (h, c, *torch.autograd.grad(loss(h, c), (gates,) if c0 is None else (gates, c0)))
+
+
+def _assert_all_close(fast, ref, atol=1e-5, rtol=1e-5):
+    for name, a, b in zip(("h", "c_last", "d_gates", "d_c0")[: len(fast)], fast, ref, strict=True):
+        assert a.dtype == b.dtype, f"{name}: {a.dtype} != {b.dtype}"
+        assert torch.allclose(a, b, atol=atol, rtol=rtol), f"{name}: max diff {(a - b).abs().max():.3g}"
 
 
 def _assert_matches_reference(fn, pooling, zoneout, reverse, atol=1e-5):
     gates, lengths, c0, kwargs = _inputs(pooling, zoneout)
     fast = _values_and_grads(fn, gates, lengths, c0, kwargs, reverse)
-    ref = _values_and_grads(qrnn_pool_reference, gates, lengths, c0, kwargs, reverse)
-    for name, a, b in zip(("h", "c_last", "d_gates", "d_c0")[: len(fast)], fast, ref, strict=True):
-        assert torch.allclose(a, b, atol=atol, rtol=1e-5), f"{name}: max diff {(a - b).abs().max():.3g}"
+    _assert_all_close(fast, _values_and_grads(qrnn_pool_reference, gates, lengths, c0, kwargs, reverse), atol)
     assert not fast[0][1, lengths[1] :].any() and not fast[0][2].any(), "outputs at pads must be zero"
 
 
@@ -516,111 +524,70 @@ def test_compiled_pool_scales_a_keep_mask_by_keep_prob_like_the_reference(poolin
         torch.testing.assert_close(a, b)
 
 
-def _pool_inputs(pooling, shape=(3, 9, 20), dtype=torch.float32, seed=0, keep=False):
-    gen = torch.Generator().manual_seed(seed)
-    batch, time, hidden = shape
-    gates = torch.randn(batch, time, POOLINGS[pooling], hidden, generator=gen, dtype=dtype)
-    c0 = torch.randn(batch, hidden, generator=gen, dtype=dtype)
-    lengths = torch.tensor([time, time // 2, 1, 0][:batch])
-    mask = (torch.rand(batch, time, hidden, generator=gen) >= 0.3) if keep else None
-    return gates, lengths, c0, mask
-
-
-def _pool_and_grads(fn, gates, lengths, c0, loss_fn, **kwargs):
-    gates = gates.detach().requires_grad_(True)
-    leaves = [gates]
-    if c0 is not None:
-        c0 = c0.detach().requires_grad_(True)
-        leaves.append(c0)
-    h, c = fn(gates, lengths, c0, **kwargs)
-    grads = torch.autograd.grad(loss_fn(h, c), leaves)
-    return (h.detach(), c.detach(), *grads)
-
-
-def _assert_all_close(fast, ref, atol=1e-5, rtol=1e-5):
-    for name, a, b in zip(("h", "c_last", "d_gates", "d_c0")[: len(fast)], fast, ref, strict=True):
-        assert a.dtype == b.dtype, f"{name}: {a.dtype} != {b.dtype}"
-        assert torch.allclose(a, b, atol=atol, rtol=rtol), f"{name}: max diff {(a - b).abs().max():.3g}"
-
-
-def _weighted_loss(h, c):
-    gen = torch.Generator().manual_seed(1)
-    return (h * torch.randn(h.shape, generator=gen)).sum() + (c * torch.randn(c.shape, generator=gen)).sum()
-
-
-# --- the real bug -----------------------------------------------------------------------------
+# --- cases the kernel tests above do not reach -----------------------------------------------------
 
 
 def test_dc0_is_right_when_the_c_last_gradient_arrives_transposed(interpreted_triton):
     """A loss through c_last.t() hands the backward a dc_last with strides (1, B); the kernel
     writes dc0 contiguous (b * H + col), so dc0 must be allocated so (it was empty_like(dc_last),
     and dL/dc0 came back scrambled, silently: session 41)."""
-    gates, lengths, c0, _ = _pool_inputs("fo", shape=(3, 5, 4), dtype=torch.float64)
+    gates, lengths, c0, kwargs = _inputs("fo", "none", torch.float64, shape=(3, 5, 4))
     weight = torch.randn(4, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
 
     def loss(h, c):
         return (c.t() * weight).sum() + h.sum()
 
-    fast = _pool_and_grads(interpreted_triton, gates, lengths, c0, loss, pooling="fo")
-    ref = _pool_and_grads(qrnn_pool_reference, gates, lengths, c0, loss, pooling="fo")
+    fast = _values_and_grads(interpreted_triton, gates, lengths, c0, kwargs, False, loss)
+    ref = _values_and_grads(qrnn_pool_reference, gates, lengths, c0, kwargs, False, loss)
     _assert_all_close(fast, ref, atol=1e-10, rtol=1e-10)
-
-
-# --- survivors of the mutation run ------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("pooling", "reverse"), [("fo", False), ("ifo", True)])
 def test_without_c0_matches_the_reference(interpreted_triton, pooling, reverse):
     """The encoders' usual call passes no c0 (HAS_C0 false): the state starts at zero, and the
     backward's c_{s-1} before the first step is zero, not the previous row's last state."""
-    gates, lengths, _, keep = _pool_inputs(pooling, keep=True)
-    kwargs = {"pooling": pooling, "keep": keep, "reverse": reverse}
-    fast = _pool_and_grads(interpreted_triton, gates, lengths, None, _weighted_loss, **kwargs)
-    ref = _pool_and_grads(qrnn_pool_reference, gates, lengths, None, _weighted_loss, **kwargs)
-    _assert_all_close(fast, ref)
+    gates, lengths, _, kwargs = _inputs(pooling, "train", shape=(3, 9, 20))
+    fast = _values_and_grads(interpreted_triton, gates, lengths, None, kwargs, reverse)
+    _assert_all_close(fast, _values_and_grads(qrnn_pool_reference, gates, lengths, None, kwargs, reverse))
 
 
 def test_non_contiguous_inputs(interpreted_triton):
     """Time-major gates (a (T, B, ...) projection transposed), a transposed c0 and keep mask: the
     kernels index as if contiguous, so the wrapper must make them so."""
-    gates, lengths, c0, keep = _pool_inputs("fo", keep=True)
+    gates, lengths, c0, kwargs = _inputs("fo", "train", shape=(3, 9, 20))
     gates_tm = gates.transpose(0, 1).contiguous().transpose(0, 1)  # same values, strides of (T, B, G, H)
     c0_t = c0.t().contiguous().t()
-    keep_tm = keep.transpose(0, 1).contiguous().transpose(0, 1)
+    keep_tm = kwargs["keep"].transpose(0, 1).contiguous().transpose(0, 1)
     assert not (gates_tm.is_contiguous() or c0_t.is_contiguous() or keep_tm.is_contiguous())
-    kwargs = {"pooling": "fo", "keep": keep_tm}
-    fast = _pool_and_grads(interpreted_triton, gates_tm, lengths, c0_t, _weighted_loss, **kwargs)
-    ref = _pool_and_grads(qrnn_pool_reference, gates, lengths, c0, _weighted_loss, pooling="fo", keep=keep)
-    _assert_all_close(fast, ref)
+    fast = _values_and_grads(interpreted_triton, gates_tm, lengths, c0_t, {**kwargs, "keep": keep_tm}, False)
+    _assert_all_close(fast, _values_and_grads(qrnn_pool_reference, gates, lengths, c0, kwargs, False))
 
 
 @pytest.mark.parametrize("loss", ["sum", "time_major"])
 def test_non_contiguous_output_gradients(interpreted_triton, loss):
     """h.sum() / c.sum() hand the backward expanded (stride-0) gradients, a time-major consumer of h
     a transposed one: the wrapper must make them contiguous before the kernel reads them."""
-    gates, lengths, c0, _ = _pool_inputs("ifo")
+    gates, lengths, c0, kwargs = _inputs("ifo", "none", shape=(3, 9, 20))
     weight = torch.randn(9, 3, 20, generator=torch.Generator().manual_seed(3))  # (T, B, H)
 
     def loss_fn(h, c):
         return h.sum() + c.sum() if loss == "sum" else (h.transpose(0, 1) * weight).sum() + c.sum()
 
-    fast = _pool_and_grads(interpreted_triton, gates, lengths, c0, loss_fn, pooling="ifo", reverse=True)
-    ref = _pool_and_grads(qrnn_pool_reference, gates, lengths, c0, loss_fn, pooling="ifo", reverse=True)
-    _assert_all_close(fast, ref)
+    fast = _values_and_grads(interpreted_triton, gates, lengths, c0, kwargs, True, loss_fn)
+    _assert_all_close(fast, _values_and_grads(qrnn_pool_reference, gates, lengths, c0, kwargs, True, loss_fn))
 
 
 @pytest.mark.parametrize("pooling", ["f", "ifo"])
 def test_float64_keep_prob_is_exact(interpreted_triton, pooling):
     """The CPU twin of test_triton_on_gpu_keeps_float64_keep_prob_exact: keep_prob in float32
     anywhere in the kernel is 1e-8 off."""
-    gates, lengths, c0, _ = _pool_inputs(pooling, dtype=torch.float64)
+    gates, lengths, c0, kwargs = _inputs(pooling, "eval", torch.float64, shape=(3, 9, 20))
 
     def loss_fn(h, c):
         return h.square().sum() + c.sum()
 
-    kwargs = {"pooling": pooling, "keep_prob": 0.7, "reverse": True}
-    fast = _pool_and_grads(interpreted_triton, gates, lengths, c0, loss_fn, **kwargs)
-    ref = _pool_and_grads(qrnn_pool_reference, gates, lengths, c0, loss_fn, **kwargs)
+    fast = _values_and_grads(interpreted_triton, gates, lengths, c0, kwargs, True, loss_fn)
+    ref = _values_and_grads(qrnn_pool_reference, gates, lengths, c0, kwargs, True, loss_fn)
     _assert_all_close(fast, ref, atol=1e-12, rtol=1e-12)
 
 
@@ -628,11 +595,11 @@ def test_float64_keep_prob_is_exact(interpreted_triton, pooling):
 def test_half_precision_gates_pool_in_float32(interpreted_triton, dtype):
     """Forget gates near 1 (f = sigmoid(6)): pooled in the gates' own precision, the state's small
     steps round away; in float32 (as documented) only the output's rounding remains."""
-    gates, lengths, c0, _ = _pool_inputs("fo", shape=(2, 40, 20))
+    gates, _, c0, _ = _inputs("fo", "none", shape=(2, 40, 20))
+    gates = gates.detach().clone()
     gates[:, :, 1] = 6.0
     lengths = torch.tensor([40, 33])
-    gates = gates.to(dtype)
-    c0 = c0.to(dtype)
+    gates, c0 = gates.to(dtype), c0.detach().to(dtype)
     h, c = interpreted_triton(gates, lengths, c0, pooling="fo")
     h_ref, c_ref = qrnn_pool_reference(gates.float(), lengths, c0.float(), pooling="fo")
     assert h.dtype == dtype and c.dtype == dtype
@@ -644,11 +611,9 @@ def test_half_precision_gates_pool_in_float32(interpreted_triton, dtype):
 def test_default_chunk_and_block_sizes(interpreted_triton_at_gpu_sizes):
     """The other tests shrink the chunk to 4 steps and blocks to 16 channels; a GPU runs the module's
     own sizes: > 32 steps and > 32 channels cross a chunk and a block boundary."""
-    gates, lengths, c0, keep = _pool_inputs("fo", shape=(2, 37, 34), keep=True)
-    kwargs = {"pooling": "fo", "keep": keep, "reverse": True}
-    fast = _pool_and_grads(interpreted_triton_at_gpu_sizes, gates, lengths, c0, _weighted_loss, **kwargs)
-    ref = _pool_and_grads(qrnn_pool_reference, gates, lengths, c0, _weighted_loss, **kwargs)
-    _assert_all_close(fast, ref)
+    gates, lengths, c0, kwargs = _inputs("fo", "train", shape=(2, 37, 34))
+    fast = _values_and_grads(interpreted_triton_at_gpu_sizes, gates, lengths, c0, kwargs, True)
+    _assert_all_close(fast, _values_and_grads(qrnn_pool_reference, gates, lengths, c0, kwargs, True))
 
 
 # --- the dispatch from qrnn_pool ----------------------------------------------------------------
@@ -671,16 +636,15 @@ def routed_to_triton(monkeypatch, interpreted_triton):
 @pytest.mark.parametrize("pooling", ["f", "ifo"])
 def test_qrnn_pool_hands_every_option_to_triton(routed_to_triton, pooling):
     """qrnn_pool passes every option (here reverse) on to the kernel."""
-    gates, lengths, c0, keep = _pool_inputs(pooling, keep=True)
-    kwargs = {"pooling": pooling, "keep": keep, "keep_prob": 0.9, "reverse": True}
-    fast = _pool_and_grads(qrnn_pool, gates, lengths, c0, _weighted_loss, **kwargs)
-    ref = _pool_and_grads(qrnn_pool_reference, gates, lengths, c0, _weighted_loss, **kwargs)
-    _assert_all_close(fast, ref)
+    gates, lengths, c0, kwargs = _inputs(pooling, "train", shape=(3, 9, 20))
+    kwargs["keep_prob"] = 0.9
+    fast = _values_and_grads(qrnn_pool, gates, lengths, c0, kwargs, True)
+    _assert_all_close(fast, _values_and_grads(qrnn_pool_reference, gates, lengths, c0, kwargs, True))
 
 
 def test_qrnn_pool_checks_arguments_before_triton(routed_to_triton):
     """The Triton kernel indexes without bounds checks: qrnn_pool must refuse bad shapes first."""
-    gates, lengths, c0, _ = _pool_inputs("fo")
+    gates, lengths, c0, _ = _inputs("fo", "none", shape=(3, 9, 20))
     with pytest.raises(ValueError, match="c0 must be"):
         qrnn_pool(gates, lengths, c0[:, :-1], pooling="fo")
     with pytest.raises(ValueError, match="lengths must be"):

@@ -337,15 +337,22 @@ def test_a_training_set_emptied_by_max_chars_is_refused(tmp_path):
         read_splits(cfg.data)
 
 
+def _write_pairs(root: Path, pairs: dict[str, list[tuple[str, str]]]) -> None:
+    """{split: [(German, English), ...]} as {split}.de / {split}.en in ``root``."""
+    for split, rows in pairs.items():
+        (root / f"{split}.de").write_text("".join(src + "\n" for src, _ in rows), encoding="utf-8")
+        (root / f"{split}.en").write_text("".join(tgt + "\n" for _, tgt in rows), encoding="utf-8")
+
+
 def _write_copy_corpus(root: Path) -> None:
     """A toy 'translation' that reverses words, enough for the pipeline to learn something."""
-
     rng = random.Random(0)
     words = ["ab", "cd", "ef", "gh", "ij"]
+    pairs = {}
     for split, n in (("train", 800), ("dev", 20), ("test", 20)):
-        src = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 6))) for _ in range(n)]
-        (root / f"{split}.de").write_text("\n".join(src) + "\n", encoding="utf-8")
-        (root / f"{split}.en").write_text("\n".join(s[::-1] for s in src) + "\n", encoding="utf-8")
+        sources = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 6))) for _ in range(n)]
+        pairs[split] = [(src, src[::-1]) for src in sources]
+    _write_pairs(root, pairs)
 
 
 TOY_ENCODER_ARGS = {
@@ -559,11 +566,8 @@ def test_beam_ranking_uses_source_length_plus_5_as_target_length(monkeypatch):
 
 
 def _translation_corpus(tmp_path: Path) -> None:
-    pairs = {"train": [("abcde", "edcba"), ("ab", "ba"), ("abcdef", "fedcba")], "dev": [("abc", "cba"), ("a", "a")]}
-    pairs["test"] = pairs["dev"]
-    for split, rows in pairs.items():
-        (tmp_path / f"{split}.de").write_text("".join(s + "\n" for s, _ in rows))
-        (tmp_path / f"{split}.en").write_text("".join(t + "\n" for _, t in rows))
+    dev = [("abc", "cba"), ("a", "a")]
+    _write_pairs(tmp_path, {"train": [("abcde", "edcba"), ("ab", "ba"), ("abcdef", "fedcba")], "dev": dev, "test": dev})
 
 
 def _translation_config(tmp_path: Path, *overrides: str):

@@ -165,7 +165,6 @@ def test_absa_runs_are_compared_by_their_test_file_and_subset(tmp_path, capsys):
 
 def test_compare_treats_seeds_not_folds_as_samples(tmp_path):
     """Folds of one seed are averaged before Welch's test (README: folds are no independent samples)."""
-
     for name, base in (("a", 0.70), ("b", 0.80)):
         runs = {f"seed-{s}/fold-{k}": {"test_accuracy": base + 0.01 * s + 0.001 * k} for s in (1, 2) for k in (1, 2)}
         (tmp_path / name).mkdir()

@@ -532,14 +532,20 @@ class _ScriptedDev:
         return {}
 
 
+def _fit(tmp_path: Path, dev: list[float], *overrides: str) -> list[dict]:
+    """Train a _ScriptedDev for one epoch per dev value; its epoch records."""
+    base = ["train.progress=false", "train.checkpoint_every=0", "train.log_every=null", "optim.lr=0.1"]
+    config = load_config(None, [*base, f"train.epochs={len(dev)}", *overrides])
+    Trainer(config, _ScriptedDev(dev), tmp_path / "r").fit()
+    return [r for r in metric_records(tmp_path / "r") if r["event"] == "epoch"]
+
+
 def test_a_nan_dev_metric_is_beaten_by_any_number(tmp_path):
     """A NaN dev metric in epoch 1 became the best for good (every comparison with NaN is False):
     best/ stayed at epoch 1 and patience counted every later epoch as bad."""
-    config = load_config(None, ["train.epochs=4", "train.patience=2", "train.progress=false", "optim.lr=0.1"])
-    Trainer(config, _ScriptedDev([math.nan, 300.0, 200.0, 100.0]), tmp_path / "r").fit()
-    records = metric_records(tmp_path / "r")
-    assert [r["epoch"] for r in records if r["event"] == "epoch"] == [1, 2, 3, 4]  # no early stop after epoch 3
-    assert records[-1]["best_epoch"] == 4
+    records = _fit(tmp_path, [math.nan, 300.0, 200.0, 100.0], "train.patience=2")
+    assert [r["epoch"] for r in records] == [1, 2, 3, 4]  # no early stop after epoch 3
+    assert metric_records(tmp_path / "r")[-1]["best_epoch"] == 4
 
 
 def test_evaluate_run_trained_with_pretrained_vectors_of_another_size(toy_corpus, tmp_path, capsys):
@@ -839,13 +845,6 @@ def test_fp16_loss_scale_is_checkpointed_and_restored_on_resume(toy_corpus, tmp_
     assert json.loads((run_dir / "last/train_state.json").read_text())["grad_scaler"]["scale"] == 1024.0
 
 
-def _fit(tmp_path: Path, dev: list[float], *overrides: str) -> list[dict]:
-    base = ["train.progress=false", "train.checkpoint_every=0", "train.log_every=null", "optim.lr=0.1"]
-    config = load_config(None, [*base, f"train.epochs={len(dev)}", *overrides])
-    Trainer(config, _ScriptedDev(dev), tmp_path / "r").fit()
-    return [r for r in metric_records(tmp_path / "r") if r["event"] == "epoch"]
-
-
 def test_clipping_bounds_the_update_that_the_optimiser_applies():
     """Clip_grad_norm_ must actually rescale the gradients the step uses (not only report the norm)."""
     from seqzoo.training import update
@@ -897,7 +896,6 @@ def test_per_seed_averages_each_metric_over_the_runs_that_have_it():
 
 def test_global_threads_option_sets_torch_threads(monkeypatch, tmp_path, capsys):
     """``seqzoo --threads N`` sets torch's thread count for the command."""
-
     threads = torch.get_num_threads()
     want = 3 if threads != 3 else 2
     seen = []
