@@ -33,12 +33,18 @@ FIXED_ON_RESUME = (
 
 
 def _new_run_dir(output_dir: str, name: str) -> Path:
+    """Claim OUTPUT_DIR/NAME, or NAME-2, NAME-3, ... where taken, by creating it: one mkdir that
+    fails on an existing name, so runs started at the same time (a job array) each get their own."""
     base = Path(output_dir) / name
+    base.parent.mkdir(parents=True, exist_ok=True)
     candidate, n = base, 1
-    while candidate.exists():
-        n += 1
-        candidate = base.with_name(f"{base.name}-{n}")
-    return candidate
+    while True:
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            n += 1
+            candidate = base.with_name(f"{base.name}-{n}")
 
 
 def _train(args: argparse.Namespace) -> int:

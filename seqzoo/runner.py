@@ -3,13 +3,15 @@ then a ``summary.json`` with mean ± std of every test metric."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import json
 import logging
+import os
 import re
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,9 @@ _TASK_MODULES = {
     "absa": "seqzoo.tasks.absa",
     "translation": "seqzoo.tasks.translation",
 }
+
+
+LOCK_NAME = ".seqzoo.lock"
 
 
 def task_module(task: str) -> Any:
@@ -58,9 +63,47 @@ def completed_test_record(run_dir: Path) -> dict[str, Any] | None:
 
 
 def run(config: RunConfig, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
-    """Train every (seed, fold) of ``config`` under ``run_dir`` and return the summary."""
+    """Train every (seed, fold) of ``config`` under ``run_dir`` and return the summary.
+
+    ``run_dir`` is locked while it trains (:func:`run_lock`): a second process asked to train in it
+    stops with a :class:`ConfigError` before it writes anything there.
+    """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    with run_lock(run_dir):
+        return _run_locked(config, run_dir, resume)
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: Path) -> Iterator[None]:
+    """Hold ``run_dir``'s lock (an advisory ``flock`` on ``run_dir/.seqzoo.lock``, which names the
+    holder's pid) for the block; the system drops it when the holder ends, however it ends.
+
+    Raises :class:`ConfigError` when another process (or another ``run_lock`` of this one) holds it.
+    Where ``fcntl`` does not exist (Windows) runs are not locked.
+    """
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(run_dir / LOCK_NAME, "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise ConfigError(
+                f"{run_dir} is in use by another seqzoo process (pid {holder}): "
+                "wait for it to end, or train in another directory"
+            ) from None
+        handle.truncate(0)
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+
+
+def _run_locked(config: RunConfig, run_dir: Path, resume: bool) -> dict[str, Any]:
     resolved = yaml.safe_dump(config_to_dict(config), sort_keys=False)
     atomic_write_text(run_dir / "config.yaml", resolved)  # what `seqzoo train --resume` reads
     set_threads(config.train)

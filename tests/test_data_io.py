@@ -83,6 +83,23 @@ def test_write_json_failing_serialisation_leaves_old_file(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
 
 
+def test_write_json_gz_is_compressed_as_read_json_reads_it(tmp_path):
+    path = tmp_path / "state.json.gz"
+    write_json(path, {"a": [1, 2], "text": "é"})
+    assert json.loads(gzip.decompress(path.read_bytes())) == {"a": [1, 2], "text": "é"}
+    assert read_json(path) == {"a": [1, 2], "text": "é"}
+
+
+def test_atomic_write_through_a_symlink_keeps_the_link(tmp_path):
+    (tmp_path / "real").mkdir()
+    target = tmp_path / "real" / "summary.json"
+    link = tmp_path / "summary.json"
+    link.symlink_to(target)
+    write_json(link, {"n": 1})
+    assert link.is_symlink() and read_json(target) == {"n": 1}
+    assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["summary.json"]
+
+
 def test_atomic_write_failing_midway_leaves_old_file_and_no_temp(tmp_path, monkeypatch):
     path = tmp_path / "model.bin"
     atomic_write_bytes(path, b"old")

@@ -907,11 +907,43 @@ def test_global_threads_option_sets_torch_threads(monkeypatch, tmp_path, capsys)
     assert seen == [want]
 
 
-def test_new_run_dir_takes_the_first_free_number(tmp_path):
-    """A third run of the same name goes to NAME-3."""
+def test_new_run_dir_claims_the_first_free_number(tmp_path):
+    """A run of a taken name goes to the first free NAME-N, and claims it by creating it, so that runs
+    started at the same time (a job array) each get their own directory before any has trained."""
     from seqzoo.cli import _new_run_dir
 
-    assert _new_run_dir(str(tmp_path), "toy") == tmp_path / "toy"
-    (tmp_path / "toy").mkdir()
-    (tmp_path / "toy-2").mkdir()
-    assert _new_run_dir(str(tmp_path), "toy") == tmp_path / "toy-3"
+    runs = tmp_path / "runs"
+    assert _new_run_dir(str(runs), "toy") == runs / "toy"
+    (runs / "toy-2").write_text("a file takes the name too")
+    assert _new_run_dir(str(runs), "toy") == runs / "toy-3"
+    assert _new_run_dir(str(runs), "toy") == runs / "toy-4"
+    assert (runs / "toy").is_dir() and (runs / "toy-3").is_dir() and (runs / "toy-4").is_dir()
+
+
+def test_a_run_directory_in_use_is_refused_until_its_holder_ends(toy_corpus, tmp_path, capsys):
+    """A second training in a directory that another process is training in stops before it writes
+    there (exit 2, naming the directory and the holder's pid); once the holder is gone, even
+    killed, the directory is free."""
+    config = _config_yaml(toy_corpus, tmp_path)
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import sys, time\nfrom pathlib import Path\nfrom seqzoo.runner import run_lock\n"
+            f"with run_lock(Path({str(run_dir)!r})):\n    print('locked', flush=True)\n    time.sleep(120)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        assert main(["train", str(config), "--run-dir", str(run_dir), "--set", "train.epochs=1"]) == 2
+        assert f"{run_dir} is in use by another seqzoo process (pid {holder.pid})" in capsys.readouterr().err
+        assert [p.name for p in run_dir.iterdir()] == [".seqzoo.lock"]
+    finally:
+        holder.kill()
+        holder.wait()
+    assert main(["train", str(config), "--run-dir", str(run_dir), "--set", "train.epochs=1"]) == 0
+    assert metric_records(run_dir)[-1]["event"] == "test"

@@ -197,9 +197,10 @@ def _open_binary(path: Path) -> IO[bytes]:
 def atomic_write_bytes(path: PathLike, data: bytes) -> None:
     """Replace ``path`` by ``data`` atomically (temporary file in the same directory, fsync, rename).
 
-    A new file gets mode 0o644; an existing file keeps its mode.
+    A new file gets mode 0o644; an existing file keeps its mode. A symbolic link is written
+    through: its target gets the data and the link stays.
     """
-    path = Path(path)
+    path = Path(os.path.realpath(path))
     try:
         mode = path.stat().st_mode & 0o7777
     except FileNotFoundError:
@@ -224,8 +225,10 @@ def atomic_write_text(path: PathLike, text: str) -> None:
 
 
 def write_json(path: PathLike, obj: Any) -> None:
-    """Write ``obj`` as indented UTF-8 JSON, atomically; serialisation errors leave ``path`` untouched."""
-    atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+    """Write ``obj`` as indented UTF-8 JSON (gzip-compressed where the name ends in ``.gz``, as
+    :func:`read_json` reads it), atomically; serialisation errors leave ``path`` untouched."""
+    data = (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    atomic_write_bytes(path, gzip.compress(data, mtime=0) if Path(path).name.endswith(".gz") else data)
 
 
 def read_json(path: PathLike) -> Any:
