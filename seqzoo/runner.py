@@ -80,7 +80,8 @@ def run_lock(run_dir: Path) -> Iterator[None]:
     holder's pid) for the block; the system drops it when the holder ends, however it ends.
 
     Raises :class:`ConfigError` when another process (or another ``run_lock`` of this one) holds it.
-    Where ``fcntl`` does not exist (Windows) runs are not locked.
+    Where ``fcntl`` does not exist (Windows) runs are not locked; where the file system refuses
+    locks (some network mounts) a warning says that the run is not guarded.
     """
     try:
         import fcntl
@@ -97,9 +98,12 @@ def run_lock(run_dir: Path) -> Iterator[None]:
                 f"{run_dir} is in use by another seqzoo process (pid {holder}): "
                 "wait for it to end, or train in another directory"
             ) from None
-        handle.truncate(0)
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
+        except OSError as err:  # e.g. ENOLCK on a network mount without a lock service
+            log.warning("%s: cannot lock (%s); a second training there would not be stopped", run_dir, err.strerror)
+        else:
+            handle.truncate(0)
+            handle.write(f"{os.getpid()}\n")
+            handle.flush()
         yield
 
 

@@ -907,6 +907,22 @@ def test_global_threads_option_sets_torch_threads(monkeypatch, tmp_path, capsys)
     assert seen == [want]
 
 
+def test_a_file_system_without_locks_trains_unguarded_with_a_warning(toy_corpus, tmp_path, monkeypatch, caplog):
+    """Where flock fails for want of a lock service (ENOLCK on some network mounts), training goes on
+    and the log says that the directory is not guarded."""
+    import errno
+    import fcntl
+
+    def no_locks(handle, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    config = _config_yaml(toy_corpus, tmp_path)
+    assert main(["train", str(config), "--run-dir", str(tmp_path / "r"), "--set", "train.epochs=1"]) == 0
+    assert f"{tmp_path / 'r'}: cannot lock (No locks available)" in caplog.text
+    assert metric_records(tmp_path / "r")[-1]["event"] == "test"
+
+
 def test_new_run_dir_claims_the_first_free_number(tmp_path):
     """A run of a taken name goes to the first free NAME-N, and claims it by creating it, so that runs
     started at the same time (a job array) each get their own directory before any has trained."""
