@@ -110,8 +110,11 @@ def resolve_checkpoint(directory: str | Path) -> Path | None:
     """The complete checkpoint at ``directory`` (or its ``.old`` twin after a crash), else None."""
     directory = Path(directory)
     for candidate in (directory, directory.with_name(directory.name + ".old")):
-        if candidate.is_dir() and any(candidate.glob("*.safetensors")):
-            return candidate
+        try:  # a checkpoint being swapped by a training may vanish between the two looks
+            if any(entry.name.endswith(".safetensors") for entry in os.scandir(candidate)):
+                return candidate
+        except (FileNotFoundError, NotADirectoryError):
+            continue
     return None
 
 

@@ -48,7 +48,7 @@ def _new_run_dir(output_dir: str, name: str) -> Path:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from seqzoo.runner import format_summary, run
+    from seqzoo.runner import format_summary, run, run_lock, run_root
 
     if args.resume:
         if args.config or args.run_dir:  # the run's own config.yaml is used, in its own directory
@@ -58,21 +58,26 @@ def _train(args: argparse.Namespace) -> int:
         stored = run_dir / "config.yaml"
         if not stored.exists():
             raise ConfigError(f"{run_dir}: not a run directory (no config.yaml)")
+        root = run_root(run_dir)
+        if root != run_dir and (root / "config.yaml").exists():  # its parent run trains it, and locks the root
+            raise ConfigError(f"{run_dir} is one seed or fold of the run {root}: resume that (--resume {root})")
         config = load_config(stored, args.set, resolved=True)
-        if _has_trained(run_dir):
-            _refuse_changes_on_resume(load_config(stored, resolved=True), config, stored)
     else:
         config = load_config(args.config or DEFAULT_CONFIG, args.set)
         run_dir = Path(args.run_dir) if args.run_dir else _new_run_dir(config.output_dir, config.name)
-        if _has_trained(run_dir):
+        run_dir.mkdir(parents=True, exist_ok=True)
+    with run_lock(run_dir):  # the checks below see the directory as no other training will change it
+        if args.resume and _has_trained(run_dir):
+            _refuse_changes_on_resume(load_config(stored, resolved=True), config, stored)
+        elif not args.resume and _has_trained(run_dir):
             raise ConfigError(
                 f"{run_dir} holds a trained run: resume it (--resume {run_dir}) or pick another --run-dir"
             )
-    try:
-        summary = run(config, run_dir, resume=bool(args.resume))
-    except KeyboardInterrupt:
-        print(f"seqzoo: interrupted; continue with: seqzoo train --resume {run_dir}", file=sys.stderr)
-        return 130
+        try:
+            summary = run(config, run_dir, resume=bool(args.resume))
+        except KeyboardInterrupt:
+            print(f"seqzoo: interrupted; continue with: seqzoo train --resume {run_dir}", file=sys.stderr)
+            return 130
     print("\n".join(format_summary(summary)))
     plots = sorted(str(p) for p in run_dir.rglob("*.png"))
     print(f"run directory: {run_dir}")
@@ -91,7 +96,10 @@ def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _has_trained(run_dir: Path) -> bool:
     """``run_dir`` holds a checkpoint or metrics (a run that failed before either can start again)."""
-    return run_dir.is_dir() and any(p.name == "metrics.jsonl" or p.name.startswith("last") for p in run_dir.rglob("*"))
+    return any(
+        "metrics.jsonl" in files or any(name.startswith("last") for name in dirs + files)
+        for _, dirs, files in os.walk(run_dir)
+    )
 
 
 def _seed_list(config: RunConfig) -> list[int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -11,16 +12,21 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
+from seqzoo.data.io import atomic_write_bytes
+
 __all__ = ["plot_curves", "save_figure"]
 
 
 def save_figure(fig: plt.Figure, path: Path) -> Path:
-    """Write ``fig`` atomically to ``path`` and close it."""
+    """Write ``fig`` atomically to ``path`` (a temporary file of its own, so that two writers of one
+    path cannot rename each other's half-written file into place) and close it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png")
-    plt.close(fig)
-    tmp.replace(path)
+    png = io.BytesIO()
+    try:
+        fig.savefig(png, dpi=120, bbox_inches="tight", format="png")
+    finally:
+        plt.close(fig)
+    atomic_write_bytes(path, png.getvalue())
     return path
 
 

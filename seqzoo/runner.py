@@ -36,6 +36,7 @@ _TASK_MODULES = {
 
 
 LOCK_NAME = ".seqzoo.lock"
+_HELD: set[str] = set()  # the run directories (real paths) whose lock this process holds
 
 
 def task_module(task: str) -> Any:
@@ -79,13 +80,17 @@ def run_lock(run_dir: Path) -> Iterator[None]:
     """Hold ``run_dir``'s lock (an advisory ``flock`` on ``run_dir/.seqzoo.lock``, which names the
     holder's pid) for the block; the system drops it when the holder ends, however it ends.
 
-    Raises :class:`ConfigError` when another process (or another ``run_lock`` of this one) holds it.
-    Where ``fcntl`` does not exist (Windows) runs are not locked; where the file system refuses
-    locks (some network mounts) a warning says that the run is not guarded.
+    Raises :class:`ConfigError` when another process holds it; within one process it is reentrant
+    (the CLI takes it before its checks, then :func:`run` again). Where ``fcntl`` does not exist
+    (Windows) runs are not locked; where the file system refuses locks (some network mounts) a
+    warning says that the run is not guarded.
     """
+    key = os.path.realpath(run_dir)
     try:
         import fcntl
     except ImportError:
+        fcntl = None
+    if fcntl is None or key in _HELD:
         yield
         return
     with open(run_dir / LOCK_NAME, "a+", encoding="utf-8") as handle:
@@ -104,7 +109,11 @@ def run_lock(run_dir: Path) -> Iterator[None]:
             handle.truncate(0)
             handle.write(f"{os.getpid()}\n")
             handle.flush()
-        yield
+        _HELD.add(key)
+        try:
+            yield
+        finally:
+            _HELD.discard(key)
 
 
 def _run_locked(config: RunConfig, run_dir: Path, resume: bool) -> dict[str, Any]:
@@ -197,12 +206,11 @@ def format_summary(summary: dict[str, Any]) -> list[str]:
 
 def find_runs(run_dir: str | Path) -> list[Path]:
     """Every sub-run directory below ``run_dir`` that holds a ``best/`` checkpoint."""
-    run_dir = Path(run_dir)
-    found = sorted(
-        {p.parent for p in run_dir.rglob("best") if resolve_checkpoint(p)}
-        | {p.parent for p in run_dir.rglob("best.old") if resolve_checkpoint(p.with_name("best"))}
-    )
-    return found
+    found = []
+    for parent, dirs, _ in os.walk(run_dir):  # unlike rglob, not thrown by a checkpoint swapped meanwhile
+        if ("best" in dirs or "best.old" in dirs) and resolve_checkpoint(Path(parent) / "best"):
+            found.append(Path(parent))
+    return sorted(found)
 
 
 def run_root(sub_run: Path) -> Path:

@@ -936,30 +936,84 @@ def test_new_run_dir_claims_the_first_free_number(tmp_path):
     assert (runs / "toy").is_dir() and (runs / "toy-3").is_dir() and (runs / "toy-4").is_dir()
 
 
+def _hold_run_lock(run_dir: Path) -> subprocess.Popen:
+    """Another process that holds ``run_dir``'s training lock until it is killed."""
+    code = (
+        "import time\nfrom pathlib import Path\nfrom seqzoo.runner import run_lock\n"
+        f"with run_lock(Path({str(run_dir)!r})):\n    print('locked', flush=True)\n    time.sleep(120)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "locked\n"
+    return holder
+
+
 def test_a_run_directory_in_use_is_refused_until_its_holder_ends(toy_corpus, tmp_path, capsys):
     """A second training in a directory that another process is training in stops before it writes
-    there (exit 2, naming the directory and the holder's pid); once the holder is gone, even
-    killed, the directory is free."""
+    there (exit 2, naming the directory and the holder's pid), a new run or a resume alike; once
+    the holder is gone, even killed, the directory is free."""
     config = _config_yaml(toy_corpus, tmp_path)
     run_dir = tmp_path / "r"
     run_dir.mkdir()
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            f"import sys, time\nfrom pathlib import Path\nfrom seqzoo.runner import run_lock\n"
-            f"with run_lock(Path({str(run_dir)!r})):\n    print('locked', flush=True)\n    time.sleep(120)",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    train = ["train", str(config), "--run-dir", str(run_dir), "--set", "train.epochs=1"]
+    holder = _hold_run_lock(run_dir)
     try:
-        assert holder.stdout.readline() == "locked\n"
-        assert main(["train", str(config), "--run-dir", str(run_dir), "--set", "train.epochs=1"]) == 2
+        assert main(train) == 2
         assert f"{run_dir} is in use by another seqzoo process (pid {holder.pid})" in capsys.readouterr().err
         assert [p.name for p in run_dir.iterdir()] == [".seqzoo.lock"]
     finally:
         holder.kill()
         holder.wait()
-    assert main(["train", str(config), "--run-dir", str(run_dir), "--set", "train.epochs=1"]) == 0
+    assert main(train) == 0
     assert metric_records(run_dir)[-1]["event"] == "test"
+    capsys.readouterr()
+    holder = _hold_run_lock(run_dir)
+    try:  # a trained run being trained on: "in use", not advice to resume it
+        for argv in (train, ["train", "--resume", str(run_dir), "--set", "train.epochs=2"]):
+            assert main(argv) == 2
+            assert f"{run_dir} is in use by another seqzoo process (pid {holder.pid})" in capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait()
+    assert [r["event"] for r in metric_records(run_dir)] == ["epoch", "test"]
+
+
+def test_resuming_one_seed_of_a_run_is_refused(toy_corpus, tmp_path, capsys):
+    """A seed's sub-directory holds a config.yaml of its own, but its run trains it (and locks only
+    the run's directory): ``--resume RUN/seed-N`` is refused with the command that resumes the run."""
+    config = _config_yaml(toy_corpus, tmp_path)
+    run_dir = tmp_path / "r"
+    seeds = ["--set", "train.epochs=1", "--set", "train.seeds=[1,2]"]
+    assert main(["train", str(config), "--run-dir", str(run_dir), *seeds]) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_dir / "seed-1")]) == 2
+    err = capsys.readouterr().err
+    assert f"{run_dir / 'seed-1'} is one seed or fold of the run {run_dir}: resume that (--resume {run_dir})" in err
+
+
+def test_find_runs_is_not_thrown_by_a_checkpoint_swapped_meanwhile(tmp_path):
+    """``seqzoo evaluate`` / ``predict`` look for runs while a training swaps its checkpoints (``best/``,
+    ``last/`` through ``.tmp`` and ``.old`` directories that come and go): the scan neither fails nor
+    misses the run."""
+    import threading
+
+    from seqzoo.checkpoint import save_checkpoint_dir
+    from seqzoo.runner import find_runs
+
+    run_dir = tmp_path / "r"
+    tensors = {"model": {"w": torch.zeros(4)}}
+    save_checkpoint_dir(run_dir / "best", tensors, {"config.json": {}})
+    stop = threading.Event()
+
+    def swap():
+        while not stop.is_set():
+            for name in ("best", "last"):
+                save_checkpoint_dir(run_dir / name, tensors, {"config.json": {}})
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    try:
+        for _ in range(2000):
+            assert find_runs(tmp_path) == [run_dir]
+    finally:
+        stop.set()
+        swapper.join()
