@@ -136,7 +136,19 @@ def _trained_runs(run_dir: str) -> list[Path]:
     runs = find_runs(run_dir)
     if not runs:
         raise ConfigError(f"{run_dir}: no trained model (no best/ checkpoint) below this directory")
+    _warn_if_training(runs)
     return runs
+
+
+def _warn_if_training(paths: list[Path]) -> None:
+    """A warning for each run among ``paths`` (sub-runs or runs) that a process is training now: what
+    is read of it is its latest checkpoint, not its final result."""
+    from seqzoo.runner import run_root, training_pid
+
+    for root in dict.fromkeys(run_root(Path(p)) for p in paths):
+        pid = training_pid(root)
+        if pid is not None:
+            log.warning("%s is being trained (pid %s): what is read of it is its latest checkpoint so far", root, pid)
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -273,6 +285,7 @@ def _plot_hidden(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from seqzoo.significance import compare_runs, finite_or_none, format_comparison
 
+    _warn_if_training([Path(args.run_a), Path(args.run_b)])
     records = compare_runs(args.run_a, args.run_b)
     if not records:
         raise ConfigError(f"{args.run_a} and {args.run_b} share no test metric")

@@ -23,7 +23,17 @@ from seqzoo.data.errors import DataError
 from seqzoo.data.io import atomic_write_text, read_json, read_text, write_json
 from seqzoo.training import Trainer, mean_std, set_seed, set_threads, stop_reason
 
-__all__ = ["completed_test_record", "find_runs", "load_task", "per_seed", "run", "run_root", "summarize"]
+__all__ = [
+    "completed_test_record",
+    "find_runs",
+    "load_task",
+    "per_seed",
+    "run",
+    "run_lock",
+    "run_root",
+    "summarize",
+    "training_pid",
+]
 
 log = logging.getLogger("seqzoo")
 
@@ -114,6 +124,25 @@ def run_lock(run_dir: Path) -> Iterator[None]:
             yield
         finally:
             _HELD.discard(key)
+
+
+def training_pid(run_dir: Path) -> str | None:
+    """The pid of another process that trains in ``run_dir`` now (holds its :func:`run_lock`), else
+    None. Reads the lock file only: a reader creates nothing in a run directory."""
+    try:
+        import fcntl
+
+        handle = open(run_dir / LOCK_NAME, encoding="utf-8")
+    except (ImportError, OSError):  # no fcntl, or no lock file: nothing trains there
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return handle.read().strip() or "unknown"
+        except OSError:  # a file system without locks: cannot tell
+            return None
+        return None  # closing the file drops the shared lock
 
 
 def _run_locked(config: RunConfig, run_dir: Path, resume: bool) -> dict[str, Any]:

@@ -947,10 +947,10 @@ def _hold_run_lock(run_dir: Path) -> subprocess.Popen:
     return holder
 
 
-def test_a_run_directory_in_use_is_refused_until_its_holder_ends(toy_corpus, tmp_path, capsys):
+def test_a_run_directory_in_use_is_refused_until_its_holder_ends(toy_corpus, tmp_path, capsys, caplog):
     """A second training in a directory that another process is training in stops before it writes
-    there (exit 2, naming the directory and the holder's pid), a new run or a resume alike; once
-    the holder is gone, even killed, the directory is free."""
+    there (exit 2, naming the directory and the holder's pid), a new run or a resume alike, while
+    readers work and warn; once the holder is gone, even killed, the directory is free."""
     config = _config_yaml(toy_corpus, tmp_path)
     run_dir = tmp_path / "r"
     run_dir.mkdir()
@@ -971,10 +971,19 @@ def test_a_run_directory_in_use_is_refused_until_its_holder_ends(toy_corpus, tmp
         for argv in (train, ["train", "--resume", str(run_dir), "--set", "train.epochs=2"]):
             assert main(argv) == 2
             assert f"{run_dir} is in use by another seqzoo process (pid {holder.pid})" in capsys.readouterr().err
+        caplog.clear()  # readers work meanwhile, and say that what they read is not final
+        assert main(["evaluate", str(run_dir)]) == 0
+        assert main(["compare", str(run_dir), str(run_dir)]) == 0
+        warning = f"{run_dir} is being trained (pid {holder.pid}): what is read of it is its latest checkpoint so far"
+        assert caplog.text.count(warning) == 2
     finally:
         holder.kill()
         holder.wait()
     assert [r["event"] for r in metric_records(run_dir)] == ["epoch", "test"]
+    caplog.clear()
+    assert main(["evaluate", str(run_dir)]) == 0
+    assert "is being trained" not in caplog.text
+    assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith(".")) == [".seqzoo.lock"]
 
 
 def test_resuming_one_seed_of_a_run_is_refused(toy_corpus, tmp_path, capsys):
