@@ -32,23 +32,9 @@ FIXED_ON_RESUME = (
 )
 
 
-def _new_run_dir(output_dir: str, name: str) -> Path:
-    """Claim OUTPUT_DIR/NAME, or NAME-2, NAME-3, ... where taken, by creating it: one mkdir that
-    fails on an existing name, so runs started at the same time (a job array) each get their own."""
-    base = Path(output_dir) / name
-    base.parent.mkdir(parents=True, exist_ok=True)
-    candidate, n = base, 1
-    while True:
-        try:
-            candidate.mkdir()
-            return candidate
-        except FileExistsError:
-            n += 1
-            candidate = base.with_name(f"{base.name}-{n}")
-
-
 def _train(args: argparse.Namespace) -> int:
-    from seqzoo.runner import format_summary, run, run_lock, run_root
+    from seqzoo.rundir import new_run_dir, run_lock
+    from seqzoo.runner import format_summary, run, run_root
 
     if args.resume:
         if args.config or args.run_dir:  # the run's own config.yaml is used, in its own directory
@@ -64,7 +50,7 @@ def _train(args: argparse.Namespace) -> int:
         config = load_config(stored, args.set, resolved=True)
     else:
         config = load_config(args.config or DEFAULT_CONFIG, args.set)
-        run_dir = Path(args.run_dir) if args.run_dir else _new_run_dir(config.output_dir, config.name)
+        run_dir = Path(args.run_dir) if args.run_dir else new_run_dir(config.output_dir, config.name)
         run_dir.mkdir(parents=True, exist_ok=True)
     with run_lock(run_dir):  # the checks below see the directory as no other training will change it
         if args.resume and _has_trained(run_dir):
@@ -143,7 +129,8 @@ def _trained_runs(run_dir: str) -> list[Path]:
 def _warn_if_training(paths: list[Path]) -> None:
     """A warning for each run among ``paths`` (sub-runs or runs) that a process is training now: what
     is read of it is its latest checkpoint, not its final result."""
-    from seqzoo.runner import run_root, training_pid
+    from seqzoo.rundir import training_pid
+    from seqzoo.runner import run_root
 
     for root in dict.fromkeys(run_root(Path(p)) for p in paths):
         pid = training_pid(root)

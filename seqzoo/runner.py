@@ -3,7 +3,6 @@ then a ``summary.json`` with mean ± std of every test metric."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
 import json
@@ -11,7 +10,7 @@ import logging
 import os
 import re
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from seqzoo.checkpoint import resolve_checkpoint
 from seqzoo.config import DATA_PATHS, ConfigError, RunConfig, apply_override, config_from_dict, config_to_dict
 from seqzoo.data.errors import DataError
 from seqzoo.data.io import atomic_write_text, read_json, read_text, write_json
+from seqzoo.rundir import run_lock
 from seqzoo.training import Trainer, mean_std, set_seed, set_threads, stop_reason
 
 __all__ = [
@@ -29,10 +29,8 @@ __all__ = [
     "load_task",
     "per_seed",
     "run",
-    "run_lock",
     "run_root",
     "summarize",
-    "training_pid",
 ]
 
 log = logging.getLogger("seqzoo")
@@ -43,10 +41,6 @@ _TASK_MODULES = {
     "absa": "seqzoo.tasks.absa",
     "translation": "seqzoo.tasks.translation",
 }
-
-
-LOCK_NAME = ".seqzoo.lock"
-_HELD: set[str] = set()  # the run directories (real paths) whose lock this process holds
 
 
 def task_module(task: str) -> Any:
@@ -76,73 +70,13 @@ def completed_test_record(run_dir: Path) -> dict[str, Any] | None:
 def run(config: RunConfig, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
     """Train every (seed, fold) of ``config`` under ``run_dir`` and return the summary.
 
-    ``run_dir`` is locked while it trains (:func:`run_lock`): a second process asked to train in it
+    ``run_dir`` is locked while it trains (:func:`seqzoo.rundir.run_lock`): a second process asked to train in it
     stops with a :class:`ConfigError` before it writes anything there.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     with run_lock(run_dir):
         return _run_locked(config, run_dir, resume)
-
-
-@contextlib.contextmanager
-def run_lock(run_dir: Path) -> Iterator[None]:
-    """Hold ``run_dir``'s lock (an advisory ``flock`` on ``run_dir/.seqzoo.lock``, which names the
-    holder's pid) for the block; the system drops it when the holder ends, however it ends.
-
-    Raises :class:`ConfigError` when another process holds it; within one process it is reentrant
-    (the CLI takes it before its checks, then :func:`run` again). Where ``fcntl`` does not exist
-    (Windows) runs are not locked; where the file system refuses locks (some network mounts) a
-    warning says that the run is not guarded.
-    """
-    key = os.path.realpath(run_dir)
-    try:
-        import fcntl
-    except ImportError:
-        fcntl = None
-    if fcntl is None or key in _HELD:
-        yield
-        return
-    with open(run_dir / LOCK_NAME, "a+", encoding="utf-8") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
-            raise ConfigError(
-                f"{run_dir} is in use by another seqzoo process (pid {holder}): "
-                "wait for it to end, or train in another directory"
-            ) from None
-        except OSError as err:  # e.g. ENOLCK on a network mount without a lock service
-            log.warning("%s: cannot lock (%s); a second training there would not be stopped", run_dir, err.strerror)
-        else:
-            handle.truncate(0)
-            handle.write(f"{os.getpid()}\n")
-            handle.flush()
-        _HELD.add(key)
-        try:
-            yield
-        finally:
-            _HELD.discard(key)
-
-
-def training_pid(run_dir: Path) -> str | None:
-    """The pid of another process that trains in ``run_dir`` now (holds its :func:`run_lock`), else
-    None. Reads the lock file only: a reader creates nothing in a run directory."""
-    try:
-        import fcntl
-
-        handle = open(run_dir / LOCK_NAME, encoding="utf-8")
-    except (ImportError, OSError):  # no fcntl, or no lock file: nothing trains there
-        return None
-    with handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return handle.read().strip() or "unknown"
-        except OSError:  # a file system without locks: cannot tell
-            return None
-        return None  # closing the file drops the shared lock
 
 
 def _run_locked(config: RunConfig, run_dir: Path, resume: bool) -> dict[str, Any]:

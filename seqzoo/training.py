@@ -52,6 +52,7 @@ from seqzoo.config import ConfigError, OptimConfig, RunConfig, TrainConfig, conf
 from seqzoo.data.errors import DataError
 from seqzoo.data.io import atomic_write_text, read_json
 from seqzoo.plots import plot_curves
+from seqzoo.rundir import moved_since_locked
 
 __all__ = [
     "StepLoss",
@@ -265,13 +266,22 @@ class Trainer:
         log.setLevel(logging.INFO)
         return handler
 
+    def _check_run_dir(self) -> None:
+        """Stop before writing where the locked run directory was moved or removed meanwhile: what is
+        there now may be another run (the moved directory can be resumed where it went)."""
+        reason = moved_since_locked(self.run_dir)
+        if reason is not None:
+            raise TrainingError(f"{reason}; stopped so as not to write into what is there now")
+
     def _record(self, record: dict[str, Any]) -> None:
+        self._check_run_dir()
         with open(self.metrics_path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record, sort_keys=True) + "\n")
             handle.flush()
         self.state["metrics_bytes"] = self.metrics_path.stat().st_size
 
     def _save_last(self) -> None:
+        self._check_run_dir()
         if self.metrics_path.exists():  # the size the checkpoint records must be on disk before it
             with open(self.metrics_path, "rb") as handle:
                 os.fsync(handle.fileno())
@@ -347,6 +357,7 @@ class Trainer:
         return True
 
     def _save_best(self) -> None:
+        self._check_run_dir()
         documents = {"config.json": config_to_dict(self.config), **self.task.documents()}
         save_checkpoint_dir(self.run_dir / "best", {"model": _model_tensors(self.task.model)}, documents)
 
@@ -527,6 +538,7 @@ class Trainer:
         self.state["lr"] = lr  # the next step's scheduled_lr() hands it to the optimiser
 
     def _finish(self) -> dict[str, float]:
+        self._check_run_dir()  # the test must read this run's best/, not another's
         task = self.task
         best = resolve_checkpoint(self.run_dir / "best")
         if best is None:

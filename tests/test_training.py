@@ -926,20 +926,20 @@ def test_a_file_system_without_locks_trains_unguarded_with_a_warning(toy_corpus,
 def test_new_run_dir_claims_the_first_free_number(tmp_path):
     """A run of a taken name goes to the first free NAME-N, and claims it by creating it, so that runs
     started at the same time (a job array) each get their own directory before any has trained."""
-    from seqzoo.cli import _new_run_dir
+    from seqzoo.rundir import new_run_dir
 
     runs = tmp_path / "runs"
-    assert _new_run_dir(str(runs), "toy") == runs / "toy"
+    assert new_run_dir(str(runs), "toy") == runs / "toy"
     (runs / "toy-2").write_text("a file takes the name too")
-    assert _new_run_dir(str(runs), "toy") == runs / "toy-3"
-    assert _new_run_dir(str(runs), "toy") == runs / "toy-4"
+    assert new_run_dir(str(runs), "toy") == runs / "toy-3"
+    assert new_run_dir(str(runs), "toy") == runs / "toy-4"
     assert (runs / "toy").is_dir() and (runs / "toy-3").is_dir() and (runs / "toy-4").is_dir()
 
 
 def _hold_run_lock(run_dir: Path) -> subprocess.Popen:
     """Another process that holds ``run_dir``'s training lock until it is killed."""
     code = (
-        "import time\nfrom pathlib import Path\nfrom seqzoo.runner import run_lock\n"
+        "import time\nfrom pathlib import Path\nfrom seqzoo.rundir import run_lock\n"
         f"with run_lock(Path({str(run_dir)!r})):\n    print('locked', flush=True)\n    time.sleep(120)"
     )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -1026,3 +1026,30 @@ def test_find_runs_is_not_thrown_by_a_checkpoint_swapped_meanwhile(tmp_path):
     finally:
         stop.set()
         swapper.join()
+
+
+@pytest.mark.parametrize("replaced", [False, True])
+def test_a_training_whose_directory_is_moved_stops_before_writing(toy_corpus, tmp_path, monkeypatch, capsys, replaced):
+    """A run directory moved (or removed) under a live training, and maybe re-created by another run:
+    the training stops at its next write instead of writing into what is there now, and the moved
+    directory can be resumed where it went."""
+    config = _config_yaml(toy_corpus, tmp_path)
+    run_dir, moved = tmp_path / "r", tmp_path / "r-moved"
+    original = Trainer._step_schedule
+
+    def move_after_first_epoch(self, epoch, improved):
+        if epoch == 0:
+            run_dir.rename(moved)
+            if replaced:  # another run now trains at the old path, with a lock file of its own
+                run_dir.mkdir()
+                (run_dir / ".seqzoo.lock").write_text("")
+        return original(self, epoch, improved)
+
+    monkeypatch.setattr(Trainer, "_step_schedule", move_after_first_epoch)
+    assert main(["train", str(config), "--run-dir", str(run_dir)]) == 2
+    what = "was replaced (another run is there now)" if replaced else "was moved or removed"
+    assert f"{run_dir} {what} while this process trained in it" in capsys.readouterr().err
+    assert [p.name for p in run_dir.iterdir()] == [".seqzoo.lock"] if replaced else not run_dir.exists()
+    monkeypatch.setattr(Trainer, "_step_schedule", original)
+    assert main(["train", "--resume", str(moved)]) == 0
+    assert [r["event"] for r in metric_records(moved)] == ["epoch"] * 3 + ["test"]

@@ -1,0 +1,120 @@
+"""Run directories: claimed when a run starts, locked while it trains.
+
+Two trainings must never write into one directory. :func:`new_run_dir` claims ``OUTPUT_DIR/NAME``
+(or ``NAME-2``, ...) by creating it, so runs started together each get their own;
+:func:`run_lock` holds an advisory ``flock`` on ``RUN/.seqzoo.lock`` while a run trains (the
+system drops it when the process ends, however it ends); :func:`training_pid` tells readers
+that a run is still being trained; :func:`moved_since_locked` tells a training that its
+directory was moved or removed under it (its lock would then guard another directory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from seqzoo.config import ConfigError
+
+__all__ = ["LOCK_NAME", "moved_since_locked", "new_run_dir", "run_lock", "training_pid"]
+
+LOCK_NAME = ".seqzoo.lock"
+_HELD: dict[
+    str, tuple[int, int]
+] = {}  # real path of each run directory this process locks -> (dev, inode) of its lock file
+log = logging.getLogger("seqzoo")
+
+
+def new_run_dir(output_dir: str | Path, name: str) -> Path:
+    """Claim OUTPUT_DIR/NAME, or NAME-2, NAME-3, ... where taken, by creating it: one mkdir that
+    fails on an existing name, so runs started at the same time (a job array) each get their own."""
+    base = Path(output_dir) / name
+    base.parent.mkdir(parents=True, exist_ok=True)
+    candidate, n = base, 1
+    while True:
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            n += 1
+            candidate = base.with_name(f"{base.name}-{n}")
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: Path) -> Iterator[None]:
+    """Hold ``run_dir``'s lock (an advisory ``flock`` on ``run_dir/.seqzoo.lock``, which names the
+    holder's pid) for the block.
+
+    Raises :class:`ConfigError` when another process holds it; within one process it is reentrant
+    (the CLI takes it before its checks, then :func:`seqzoo.runner.run` again). Where ``fcntl`` does
+    not exist (Windows) runs are not locked; where the file system refuses locks (some network
+    mounts) a warning says that the run is not guarded.
+    """
+    key = os.path.realpath(run_dir)
+    try:
+        import fcntl
+    except ImportError:
+        fcntl = None
+    if fcntl is None or key in _HELD:
+        yield
+        return
+    with open(run_dir / LOCK_NAME, "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise ConfigError(
+                f"{run_dir} is in use by another seqzoo process (pid {holder}): "
+                "wait for it to end, or train in another directory"
+            ) from None
+        except OSError as err:  # e.g. ENOLCK on a network mount without a lock service
+            log.warning("%s: cannot lock (%s); a second training there would not be stopped", run_dir, err.strerror)
+            yield
+            return
+        handle.truncate(0)
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        stat = os.fstat(handle.fileno())
+        _HELD[key] = (stat.st_dev, stat.st_ino)
+        try:
+            yield
+        finally:
+            del _HELD[key]
+
+
+def moved_since_locked(path: Path) -> str | None:
+    """Why the locked run directory that holds ``path`` is no longer where this process locked it
+    (moved or removed: its lock file there is gone or another one), else None; None also where
+    this process locks no directory above ``path``."""
+    real = os.path.realpath(path)
+    for key, identity in _HELD.items():
+        if real == key or real.startswith(key + os.sep):
+            try:
+                stat = os.stat(os.path.join(key, LOCK_NAME))
+            except FileNotFoundError:
+                return f"{key} was moved or removed while this process trained in it"
+            if (stat.st_dev, stat.st_ino) != identity:
+                return f"{key} was replaced (another run is there now) while this process trained in it"
+    return None
+
+
+def training_pid(run_dir: Path) -> str | None:
+    """The pid of another process that trains in ``run_dir`` now (holds its :func:`run_lock`), else
+    None. Reads the lock file only: a reader creates nothing in a run directory."""
+    try:
+        import fcntl
+
+        handle = open(run_dir / LOCK_NAME, encoding="utf-8")
+    except (ImportError, OSError):  # no fcntl, or no lock file: nothing trains there
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return handle.read().strip() or "unknown"
+        except OSError:  # a file system without locks: cannot tell
+            return None
+        return None  # closing the file drops the shared lock
