@@ -34,7 +34,7 @@ FIXED_ON_RESUME = (
 
 def _train(args: argparse.Namespace) -> int:
     from seqzoo.rundir import new_run_dir, run_lock
-    from seqzoo.runner import format_summary, run, run_root
+    from seqzoo.runner import format_summary, run
 
     if args.resume:
         if args.config or args.run_dir:  # the run's own config.yaml is used, in its own directory
@@ -44,13 +44,12 @@ def _train(args: argparse.Namespace) -> int:
         stored = run_dir / "config.yaml"
         if not stored.exists():
             raise ConfigError(f"{run_dir}: not a run directory (no config.yaml)")
-        root = run_root(run_dir)
-        if root != run_dir and (root / "config.yaml").exists():  # its parent run trains it, and locks the root
-            raise ConfigError(f"{run_dir} is one seed or fold of the run {root}: resume that (--resume {root})")
+        _refuse_part_of_a_run(run_dir, "resume that (--resume {root})")
         config = load_config(stored, args.set, resolved=True)
     else:
         config = load_config(args.config or DEFAULT_CONFIG, args.set)
         run_dir = Path(args.run_dir) if args.run_dir else new_run_dir(config.output_dir, config.name)
+        _refuse_part_of_a_run(run_dir, "train in a directory of its own")
         run_dir.mkdir(parents=True, exist_ok=True)
     with run_lock(run_dir):  # the checks below see the directory as no other training will change it
         if args.resume and _has_trained(run_dir):
@@ -70,6 +69,19 @@ def _train(args: argparse.Namespace) -> int:
     if plots:
         print("plots: " + ", ".join(plots))
     return 0
+
+
+def _refuse_part_of_a_run(run_dir: Path, advice: str) -> None:
+    """A ConfigError where ``run_dir`` is a ``seed-N``/``fold-K`` sub-directory of a run (one that
+    has been locked by a training: a user's own folder named so is not): the run trains it, and
+    locks only its own root, so a second training there would write into the run's files."""
+    from seqzoo.rundir import LOCK_NAME
+    from seqzoo.runner import run_root
+
+    real = Path(os.path.realpath(run_dir))
+    root = run_root(real)
+    if root != real and (root / LOCK_NAME).exists():
+        raise ConfigError(f"{run_dir} is one seed or fold of the run {root}: " + advice.format(root=root))
 
 
 def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -4,8 +4,8 @@ Two trainings must never write into one directory. :func:`new_run_dir` claims ``
 (or ``NAME-2``, ...) by creating it, so runs started together each get their own;
 :func:`run_lock` holds an advisory ``flock`` on ``RUN/.seqzoo.lock`` while a run trains (the
 system drops it when the process ends, however it ends); :func:`training_pid` tells readers
-that a run is still being trained; :func:`moved_since_locked` tells a training that its
-directory was moved or removed under it (its lock would then guard another directory).
+that a run is still being trained; :func:`check_run_dir` stops a training whose directory was
+moved or removed under it (its lock would then guard another directory).
 """
 
 from __future__ import annotations
@@ -13,18 +13,24 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO, Any
 
 from seqzoo.config import ConfigError
 
-__all__ = ["LOCK_NAME", "moved_since_locked", "new_run_dir", "run_lock", "training_pid"]
+__all__ = ["LOCK_NAME", "RunDirectoryError", "check_run_dir", "new_run_dir", "run_lock", "training_pid"]
 
 LOCK_NAME = ".seqzoo.lock"
 _HELD: dict[
     str, tuple[int, int]
 ] = {}  # real path of each run directory this process locks -> (dev, inode) of its lock file
 log = logging.getLogger("seqzoo")
+
+
+class RunDirectoryError(OSError):
+    """A training's run directory is no longer where the training locked it."""
 
 
 def new_run_dir(output_dir: str | Path, name: str) -> Path:
@@ -47,7 +53,8 @@ def run_lock(run_dir: Path) -> Iterator[None]:
     """Hold ``run_dir``'s lock (an advisory ``flock`` on ``run_dir/.seqzoo.lock``, which names the
     holder's pid) for the block.
 
-    Raises :class:`ConfigError` when another process holds it; within one process it is reentrant
+    Raises :class:`ConfigError` when another process holds it (a reader's momentary shared lock,
+    :func:`training_pid`, is waited out for up to a second); within one process it is reentrant
     (the CLI takes it before its checks, then :func:`seqzoo.runner.run` again). Where ``fcntl`` does
     not exist (Windows) runs are not locked; where the file system refuses locks (some network
     mounts) a warning says that the run is not guarded.
@@ -61,44 +68,59 @@ def run_lock(run_dir: Path) -> Iterator[None]:
         yield
         return
     with open(run_dir / LOCK_NAME, "a+", encoding="utf-8") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if _lock_or_holder(fcntl, handle, run_dir) is not None:
             handle.seek(0)
             holder = handle.read().strip() or "unknown"
             raise ConfigError(
                 f"{run_dir} is in use by another seqzoo process (pid {holder}): "
                 "wait for it to end, or train in another directory"
-            ) from None
-        except OSError as err:  # e.g. ENOLCK on a network mount without a lock service
-            log.warning("%s: cannot lock (%s); a second training there would not be stopped", run_dir, err.strerror)
-            yield
-            return
+            )
         handle.truncate(0)
         handle.write(f"{os.getpid()}\n")
         handle.flush()
         stat = os.fstat(handle.fileno())
-        _HELD[key] = (stat.st_dev, stat.st_ino)
+        _HELD[key] = (os.path.abspath(run_dir), stat.st_dev, stat.st_ino)
         try:
             yield
         finally:
             del _HELD[key]
 
 
-def moved_since_locked(path: Path) -> str | None:
-    """Why the locked run directory that holds ``path`` is no longer where this process locked it
-    (moved or removed: its lock file there is gone or another one), else None; None also where
-    this process locks no directory above ``path``."""
-    real = os.path.realpath(path)
-    for key, identity in _HELD.items():
-        if real == key or real.startswith(key + os.sep):
+def _lock_or_holder(fcntl: Any, handle: IO[str], run_dir: Path) -> bool | None:
+    """Take the exclusive lock: None when taken (or when the file system has no locks: then with a
+    warning), True when another process holds it past a second of tries."""
+    for _ in range(20):
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return None
+        except BlockingIOError:
+            time.sleep(0.05)
+        except OSError as err:  # e.g. ENOLCK on a network mount without a lock service
+            log.warning("%s: cannot lock (%s); a second training there would not be stopped", run_dir, err.strerror)
+            return None
+    return True
+
+
+def check_run_dir(path: Path) -> None:
+    """Raise :class:`RunDirectoryError` where the locked run directory that holds ``path`` is no longer
+    where this process locked it: moved or removed (its lock file gone), or replaced by another run
+    (another lock file there), also through a replaced symbolic link. Nothing where this process
+    locks no directory above ``path``."""
+    given, real = os.path.abspath(path), os.path.realpath(path)
+    for key, (locked, dev, inode) in _HELD.items():
+        if any(p == root or p.startswith(root + os.sep) for p, root in ((real, key), (given, locked))):
             try:
-                stat = os.stat(os.path.join(key, LOCK_NAME))
+                stat = os.stat(os.path.join(locked, LOCK_NAME))
             except FileNotFoundError:
-                return f"{key} was moved or removed while this process trained in it"
-            if (stat.st_dev, stat.st_ino) != identity:
-                return f"{key} was replaced (another run is there now) while this process trained in it"
-    return None
+                happened = "was moved or removed"
+            else:
+                if (stat.st_dev, stat.st_ino) == (dev, inode):
+                    continue
+                happened = "was replaced (another run is there now)"
+            raise RunDirectoryError(
+                f"{locked} {happened} while this process trained in it; "
+                "stopped so as not to write into what is there now"
+            )
 
 
 def training_pid(run_dir: Path) -> str | None:

@@ -20,7 +20,7 @@ from seqzoo.checkpoint import resolve_checkpoint
 from seqzoo.config import DATA_PATHS, ConfigError, RunConfig, apply_override, config_from_dict, config_to_dict
 from seqzoo.data.errors import DataError
 from seqzoo.data.io import atomic_write_text, read_json, read_text, write_json
-from seqzoo.rundir import run_lock
+from seqzoo.rundir import check_run_dir, run_lock
 from seqzoo.training import Trainer, mean_std, set_seed, set_threads, stop_reason
 
 __all__ = [
@@ -92,6 +92,7 @@ def _run_locked(config: RunConfig, run_dir: Path, resume: bool) -> dict[str, Any
         set_seed(seed)
         for sub, task in module.build_tasks(cfg):
             sub_dir = seed_dir / sub if sub else seed_dir
+            check_run_dir(sub_dir)  # each sub-run writes; none into a directory that is no longer this run
             name = str(sub_dir.relative_to(run_dir)) if sub_dir != run_dir else "."
             done = completed_test_record(sub_dir) if resume else None
             best = resolve_checkpoint(sub_dir / "best") if resume else None
@@ -109,9 +110,11 @@ def _run_locked(config: RunConfig, run_dir: Path, resume: bool) -> dict[str, Any
                 if sub:  # each fold's draws start from a seed of its own, not from where the folds before it
                     set_seed(zlib.crc32(f"{seed}/{sub}".encode()))  # left them: a resume may skip those
                 Trainer(cfg, task, sub_dir).fit(resume=resume)
+                check_run_dir(sub_dir)
                 done = completed_test_record(sub_dir)
             results[name] = {k: v for k, v in done.items() if k.startswith("test_")}
     summary = summarize(results)
+    check_run_dir(run_dir)
     write_json(run_dir / "summary.json", summary)
     return summary
 

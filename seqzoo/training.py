@@ -52,7 +52,7 @@ from seqzoo.config import ConfigError, OptimConfig, RunConfig, TrainConfig, conf
 from seqzoo.data.errors import DataError
 from seqzoo.data.io import atomic_write_text, read_json
 from seqzoo.plots import plot_curves
-from seqzoo.rundir import moved_since_locked
+from seqzoo.rundir import check_run_dir
 
 __all__ = [
     "StepLoss",
@@ -236,6 +236,7 @@ class Trainer:
 
     def __init__(self, config: RunConfig, task: Task, run_dir: str | Path) -> None:
         self.config, self.task, self.run_dir = config, task, Path(run_dir)
+        check_run_dir(self.run_dir)  # before anything is written (see seqzoo.rundir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.optimizer = build_optimizer(list(task.model.parameters()), config.optim)
         self.device = model_device(task.model)
@@ -266,22 +267,15 @@ class Trainer:
         log.setLevel(logging.INFO)
         return handler
 
-    def _check_run_dir(self) -> None:
-        """Stop before writing where the locked run directory was moved or removed meanwhile: what is
-        there now may be another run (the moved directory can be resumed where it went)."""
-        reason = moved_since_locked(self.run_dir)
-        if reason is not None:
-            raise TrainingError(f"{reason}; stopped so as not to write into what is there now")
-
     def _record(self, record: dict[str, Any]) -> None:
-        self._check_run_dir()
+        check_run_dir(self.run_dir)
         with open(self.metrics_path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record, sort_keys=True) + "\n")
             handle.flush()
         self.state["metrics_bytes"] = self.metrics_path.stat().st_size
 
     def _save_last(self) -> None:
-        self._check_run_dir()
+        check_run_dir(self.run_dir)
         if self.metrics_path.exists():  # the size the checkpoint records must be on disk before it
             with open(self.metrics_path, "rb") as handle:
                 os.fsync(handle.fileno())
@@ -357,7 +351,7 @@ class Trainer:
         return True
 
     def _save_best(self) -> None:
-        self._check_run_dir()
+        check_run_dir(self.run_dir)
         documents = {"config.json": config_to_dict(self.config), **self.task.documents()}
         save_checkpoint_dir(self.run_dir / "best", {"model": _model_tensors(self.task.model)}, documents)
 
@@ -524,6 +518,7 @@ class Trainer:
         if _budget_spent(state, cfg):
             log.info("step budget of %d steps spent", cfg.train.max_steps)
         self._save_last()
+        check_run_dir(self.run_dir)
         plot_curves(self.metrics_path, self.run_dir / "plots", task.metric)
 
     def _step_schedule(self, epoch: int, improved: bool) -> None:
@@ -538,7 +533,7 @@ class Trainer:
         self.state["lr"] = lr  # the next step's scheduled_lr() hands it to the optimiser
 
     def _finish(self) -> dict[str, float]:
-        self._check_run_dir()  # the test must read this run's best/, not another's
+        check_run_dir(self.run_dir)  # the test must read this run's best/, not another's
         task = self.task
         best = resolve_checkpoint(self.run_dir / "best")
         if best is None:

@@ -986,17 +986,48 @@ def test_a_run_directory_in_use_is_refused_until_its_holder_ends(toy_corpus, tmp
     assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith(".")) == [".seqzoo.lock"]
 
 
-def test_resuming_one_seed_of_a_run_is_refused(toy_corpus, tmp_path, capsys):
+def test_training_in_one_seed_of_a_run_is_refused(toy_corpus, tmp_path, capsys):
     """A seed's sub-directory holds a config.yaml of its own, but its run trains it (and locks only
-    the run's directory): ``--resume RUN/seed-N`` is refused with the command that resumes the run."""
+    the run's directory): ``--resume RUN/seed-N``, also through a symbolic link, and a new run with
+    ``--run-dir RUN/seed-N`` are refused; a user's own folder that is named so and sits beside a
+    config.yaml, but in no run, is not."""
     config = _config_yaml(toy_corpus, tmp_path)
     run_dir = tmp_path / "r"
-    seeds = ["--set", "train.epochs=1", "--set", "train.seeds=[1,2]"]
-    assert main(["train", str(config), "--run-dir", str(run_dir), *seeds]) == 0
+    one_epoch = ["--set", "train.epochs=1"]
+    assert main(["train", str(config), "--run-dir", str(run_dir), *one_epoch, "--set", "train.seeds=[1,2]"]) == 0
     capsys.readouterr()
-    assert main(["train", "--resume", str(run_dir / "seed-1")]) == 2
-    err = capsys.readouterr().err
-    assert f"{run_dir / 'seed-1'} is one seed or fold of the run {run_dir}: resume that (--resume {run_dir})" in err
+    alias = tmp_path / "alias"
+    alias.symlink_to(run_dir / "seed-1")
+    resume = f"resume that (--resume {run_dir})"
+    for named, argv, advice in (
+        (run_dir / "seed-1", ["train", "--resume", str(run_dir / "seed-1")], resume),
+        (alias, ["train", "--resume", str(alias)], resume),
+        (run_dir / "seed-3", ["train", str(config), "--run-dir", str(run_dir / "seed-3"), *one_epoch], "train in a"),
+    ):
+        assert main(argv) == 2
+        assert f"{named} is one seed or fold of the run {run_dir}: {advice}" in capsys.readouterr().err
+    assert not (run_dir / "seed-3").exists()
+    own = tmp_path / "project"
+    own.mkdir()
+    (own / "config.yaml").write_text(config.read_text())
+    assert main(["train", str(config), "--run-dir", str(own / "seed-3"), *one_epoch]) == 0
+    assert main(["train", "--resume", str(own / "seed-3"), "--set", "train.epochs=2"]) == 0
+    assert [r["event"] for r in metric_records(own / "seed-3")] == ["epoch", "epoch", "test"]
+
+
+def test_a_readers_momentary_lock_does_not_refuse_a_training(tmp_path):
+    """``training_pid`` (every reader) takes a shared lock for a moment; a training that starts in that
+    moment waits it out instead of reporting the run in use."""
+    import fcntl
+    import threading
+
+    from seqzoo.rundir import LOCK_NAME, run_lock
+
+    reader = open(tmp_path / LOCK_NAME, "a+")
+    fcntl.flock(reader, fcntl.LOCK_SH)
+    threading.Timer(0.3, reader.close).start()
+    with run_lock(tmp_path):
+        assert (tmp_path / LOCK_NAME).read_text() == f"{os.getpid()}\n"
 
 
 def test_find_runs_is_not_thrown_by_a_checkpoint_swapped_meanwhile(tmp_path):
@@ -1028,18 +1059,26 @@ def test_find_runs_is_not_thrown_by_a_checkpoint_swapped_meanwhile(tmp_path):
         swapper.join()
 
 
-@pytest.mark.parametrize("replaced", [False, True])
-def test_a_training_whose_directory_is_moved_stops_before_writing(toy_corpus, tmp_path, monkeypatch, capsys, replaced):
-    """A run directory moved (or removed) under a live training, and maybe re-created by another run:
-    the training stops at its next write instead of writing into what is there now, and the moved
+@pytest.mark.parametrize("how", ["moved", "replaced", "link replaced"])
+def test_a_training_whose_directory_is_moved_stops_before_writing(toy_corpus, tmp_path, monkeypatch, capsys, how):
+    """A run directory moved (or removed) under a live training, and maybe re-created by another run,
+    also where the training reached it through a symbolic link that is now a directory: the
+    training stops at its next write instead of writing into what is there now, and the moved
     directory can be resumed where it went."""
     config = _config_yaml(toy_corpus, tmp_path)
     run_dir, moved = tmp_path / "r", tmp_path / "r-moved"
+    if how == "link replaced":
+        moved.mkdir()
+        run_dir.symlink_to(moved)
+    replaced = how != "moved"
     original = Trainer._step_schedule
 
     def move_after_first_epoch(self, epoch, improved):
         if epoch == 0:
-            run_dir.rename(moved)
+            if how == "link replaced":
+                run_dir.unlink()
+            else:
+                run_dir.rename(moved)
             if replaced:  # another run now trains at the old path, with a lock file of its own
                 run_dir.mkdir()
                 (run_dir / ".seqzoo.lock").write_text("")
@@ -1053,3 +1092,28 @@ def test_a_training_whose_directory_is_moved_stops_before_writing(toy_corpus, tm
     monkeypatch.setattr(Trainer, "_step_schedule", original)
     assert main(["train", "--resume", str(moved)]) == 0
     assert [r["event"] for r in metric_records(moved)] == ["epoch"] * 3 + ["test"]
+
+
+def test_a_multi_seed_training_whose_directory_is_replaced_stops_between_seeds(
+    toy_corpus, tmp_path, monkeypatch, capsys
+):
+    """Replaced after seed 1 has finished: seed 2 does not start in the other run's directory."""
+    config = _config_yaml(toy_corpus, tmp_path)
+    run_dir = tmp_path / "r"
+    original = Trainer._finish
+
+    def replace_after_seed_1(self):
+        result = original(self)
+        if self.run_dir.name == "seed-1":
+            run_dir.rename(tmp_path / "r-moved")
+            run_dir.mkdir()
+            (run_dir / ".seqzoo.lock").write_text("")
+        return result
+
+    monkeypatch.setattr(Trainer, "_finish", replace_after_seed_1)
+    argv = ["train", str(config), "--run-dir", str(run_dir), "--set", "train.epochs=1", "--set", "train.seeds=[1,2]"]
+    assert main(argv) == 2
+    assert (
+        f"{run_dir} was replaced (another run is there now) while this process trained in it" in capsys.readouterr().err
+    )
+    assert [p.name for p in run_dir.iterdir()] == [".seqzoo.lock"]
