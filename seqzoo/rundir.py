@@ -68,7 +68,7 @@ def run_lock(run_dir: Path) -> Iterator[None]:
         yield
         return
     with open(run_dir / LOCK_NAME, "a+", encoding="utf-8") as handle:
-        if _lock_or_holder(fcntl, handle, run_dir) is not None:
+        if not _take_lock(fcntl, handle, run_dir):
             handle.seek(0)
             holder = handle.read().strip() or "unknown"
             raise ConfigError(
@@ -86,19 +86,19 @@ def run_lock(run_dir: Path) -> Iterator[None]:
             del _HELD[key]
 
 
-def _lock_or_holder(fcntl: Any, handle: IO[str], run_dir: Path) -> bool | None:
-    """Take the exclusive lock: None when taken (or when the file system has no locks: then with a
-    warning), True when another process holds it past a second of tries."""
+def _take_lock(fcntl: Any, handle: IO[str], run_dir: Path) -> bool:
+    """Take the exclusive lock: False when another process holds it past a second of tries; True
+    when taken, or when the file system has no locks (then with a warning)."""
     for _ in range(20):
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return None
+            return True
         except BlockingIOError:
             time.sleep(0.05)
         except OSError as err:  # e.g. ENOLCK on a network mount without a lock service
             log.warning("%s: cannot lock (%s); a second training there would not be stopped", run_dir, err.strerror)
-            return None
-    return True
+            return True
+    return False
 
 
 def check_run_dir(path: Path) -> None:
