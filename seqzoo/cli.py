@@ -52,12 +52,12 @@ def _train(args: argparse.Namespace) -> int:
         _refuse_part_of_a_run(run_dir, "train in a directory of its own")
         run_dir.mkdir(parents=True, exist_ok=True)
     with run_lock(run_dir):  # the checks below see the directory as no other training will change it
-        if args.resume and _has_trained(run_dir):
+        if _has_trained(run_dir):
+            if not args.resume:
+                raise ConfigError(
+                    f"{run_dir} holds a trained run: resume it (--resume {run_dir}) or pick another --run-dir"
+                )
             _refuse_changes_on_resume(load_config(stored, resolved=True), config, stored)
-        elif not args.resume and _has_trained(run_dir):
-            raise ConfigError(
-                f"{run_dir} holds a trained run: resume it (--resume {run_dir}) or pick another --run-dir"
-            )
         try:
             summary = run(config, run_dir, resume=bool(args.resume))
         except KeyboardInterrupt:

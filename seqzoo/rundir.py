@@ -16,16 +16,20 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from seqzoo.config import ConfigError
+
+try:
+    import fcntl
+except ImportError:  # Windows: runs are not locked
+    fcntl = None
 
 __all__ = ["LOCK_NAME", "RunDirectoryError", "check_run_dir", "new_run_dir", "run_lock", "training_pid"]
 
 LOCK_NAME = ".seqzoo.lock"
-_HELD: dict[
-    str, tuple[int, int]
-] = {}  # real path of each run directory this process locks -> (dev, inode) of its lock file
+# the run directories this process locks: real path -> (the path it was locked by, dev and inode of its lock file)
+_HELD: dict[str, tuple[str, int, int]] = {}
 log = logging.getLogger("seqzoo")
 
 
@@ -60,15 +64,11 @@ def run_lock(run_dir: Path) -> Iterator[None]:
     mounts) a warning says that the run is not guarded.
     """
     key = os.path.realpath(run_dir)
-    try:
-        import fcntl
-    except ImportError:
-        fcntl = None
     if fcntl is None or key in _HELD:
         yield
         return
     with open(run_dir / LOCK_NAME, "a+", encoding="utf-8") as handle:
-        if not _take_lock(fcntl, handle, run_dir):
+        if not _take_lock(handle, run_dir):
             handle.seek(0)
             holder = handle.read().strip() or "unknown"
             raise ConfigError(
@@ -86,7 +86,7 @@ def run_lock(run_dir: Path) -> Iterator[None]:
             del _HELD[key]
 
 
-def _take_lock(fcntl: Any, handle: IO[str], run_dir: Path) -> bool:
+def _take_lock(handle: IO[str], run_dir: Path) -> bool:
     """Take the exclusive lock: False when another process holds it past a second of tries; True
     when taken, or when the file system has no locks (then with a warning)."""
     for _ in range(20):
@@ -126,11 +126,11 @@ def check_run_dir(path: Path) -> None:
 def training_pid(run_dir: Path) -> str | None:
     """The pid of another process that trains in ``run_dir`` now (holds its :func:`run_lock`), else
     None. Reads the lock file only: a reader creates nothing in a run directory."""
+    if fcntl is None:
+        return None
     try:
-        import fcntl
-
         handle = open(run_dir / LOCK_NAME, encoding="utf-8")
-    except (ImportError, OSError):  # no fcntl, or no lock file: nothing trains there
+    except OSError:  # no lock file: nothing trains there
         return None
     with handle:
         try:

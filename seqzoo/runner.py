@@ -23,15 +23,7 @@ from seqzoo.data.io import atomic_write_text, read_json, read_text, write_json
 from seqzoo.rundir import check_run_dir, run_lock
 from seqzoo.training import Trainer, mean_std, set_seed, set_threads, stop_reason
 
-__all__ = [
-    "completed_test_record",
-    "find_runs",
-    "load_task",
-    "per_seed",
-    "run",
-    "run_root",
-    "summarize",
-]
+__all__ = ["completed_test_record", "find_runs", "load_task", "per_seed", "run", "run_root", "summarize"]
 
 log = logging.getLogger("seqzoo")
 
@@ -70,8 +62,8 @@ def completed_test_record(run_dir: Path) -> dict[str, Any] | None:
 def run(config: RunConfig, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
     """Train every (seed, fold) of ``config`` under ``run_dir`` and return the summary.
 
-    ``run_dir`` is locked while it trains (:func:`seqzoo.rundir.run_lock`): a second process asked to train in it
-    stops with a :class:`ConfigError` before it writes anything there.
+    ``run_dir`` is locked while it trains (:func:`seqzoo.rundir.run_lock`): a second process asked to
+    train in it stops with a :class:`ConfigError` before it writes anything there.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
