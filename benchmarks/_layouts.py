@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from seqzoo.mzu import MZU
+from seqzoo.encoders.mzu import MZU
 
 
 def layout_args(doc: str, rounds: int, flags: tuple[str, ...] = ()) -> argparse.Namespace:

@@ -1,6 +1,6 @@
 """Capsule routing (MZU eqs. 10–14): the library's zone-space layout against the prediction tensor.
 
-``seqzoo.mzu.capsule_routing`` routes in zone space: since ``W^c_j`` is shared by all input
+``seqzoo.encoders.mzu.capsule_routing`` routes in zone space: since ``W^c_j`` is shared by all input
 zones, ``s_j = W^c_j Σ_i c_ij z_i`` and ``ẑ_{j|i}·o_j = z_i·(W^c_jᵀ o_j)``. The textbook layout
 (kept here only to measure against) forms every prediction ``ẑ_{j|i}``, a (B, J, N, d_o) tensor,
 and routes over it. Both give the same values (checked below in float64). Timed: forward +
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from _layouts import layout_args
 from torch import Tensor
 
-from seqzoo.mzu import capsule_routing, squash
+from seqzoo.encoders.mzu import capsule_routing, squash
 
 SHAPES = {"brown_char (B 64, H 192)": (64, 48, 96, 100), "PTB (B 256, H 800)": (256, 200, 400, 15)}
 

@@ -1,7 +1,7 @@
 """Recurrent cells with ``compile_step``: the time loop's step through ``torch.compile``, against eager.
 
 A hand-written recurrent cell runs its step T times per chunk, and at CPU sizes each step is a
-few dozen small operations. ``compile_step=True`` (``seqzoo.recurrent``) hands the step to
+few dozen small operations. ``compile_step=True`` (``seqzoo.encoders.recurrent``) hands the step to
 Inductor, which fuses the element-wise operations into generated C++ loops. This script times,
 side by side in one process, forward + backward of the three brown_char encoders (the configs'
 sizes: B 64, TBPTT 100, input 64; capMZU+DT hidden 192, DT-GRU 172, GRU + LN 264; candidate
@@ -32,7 +32,7 @@ import torch
 from _layouts import capsule_mzu_dt, forward_backward_seconds, layout_args
 from torch._dynamo.utils import counters
 
-from seqzoo.dtgru import DeepTransitionGRU, LayerNormGRU
+from seqzoo.encoders.dtgru import DeepTransitionGRU, LayerNormGRU
 
 ENCODERS = {  # name: (batch, steps, input, build(**kwargs))
     "capMZU+DT (H 192)": (64, 100, 64, lambda **kw: capsule_mzu_dt(64, 192, 192, **kw)),

@@ -22,17 +22,10 @@ import statistics
 import time
 
 from seqzoo.config import load_config
-from seqzoo.runner import task_module
-from seqzoo.training import (
-    autocast,
-    build_optimizer,
-    model_device,
-    scheduled_lr,
-    set_seed,
-    set_threads,
-    total_steps,
-    update,
-)
+from seqzoo.training.devices import autocast, model_device, set_seed, set_threads
+from seqzoo.training.optim import build_optimizer, scheduled_lr, update
+from seqzoo.training.runner import task_module
+from seqzoo.training.trainer import total_steps
 
 
 def main() -> None:

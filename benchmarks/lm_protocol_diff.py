@@ -15,7 +15,7 @@ import argparse
 
 import torch
 
-from seqzoo.runner import load_task
+from seqzoo.training.runner import load_task
 
 
 def main() -> None:

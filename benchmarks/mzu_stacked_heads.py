@@ -2,7 +2,7 @@
 
 After zone generation, each M-function runs its composition, FFN, output map and LN: a few
 dozen small operations per function and step, so at CPU sizes an MZU step is bound by the
-number of operations, not by arithmetic. ``seqzoo.mzu`` runs the heads of M_h and M_g stacked
+number of operations, not by arithmetic. ``seqzoo.encoders.mzu`` runs the heads of M_h and M_g stacked
 (one call per operation for both); the one-by-one layout, the reference's, is what the
 REGULAR ablations still use. Both give the same values (checked below in float64). Timed:
 forward + backward of one capMZU+DT encoder (4 zones, J = 2, T = 3, one shared t-MZU, candidate
@@ -20,7 +20,7 @@ from unittest import mock
 import torch
 from _layouts import capsule_mzu_dt, forward_backward_seconds, layout_args
 
-from seqzoo.mzu import MZUTransition
+from seqzoo.encoders.mzu import MZUTransition
 
 SHAPES = {  # name: (batch, steps, input, hidden, filter)
     "brown_char (B 64, T 100, H 192)": (64, 100, 64, 192, 192),

@@ -2,7 +2,7 @@
 packed sequence (what the encoders ran before), side by side in one process.
 
 torch's packed RNN backward is several times slower than the unpacked one on CPU
-(pytorch#149194), so seqzoo runs a padded batch unpacked there (``seqzoo.baselines``). Lengths are
+(pytorch#149194), so seqzoo runs a padded batch unpacked there (``seqzoo.encoders.rnn``). Lengths are
 drawn uniformly from [T/2, T] with one row of full length; each repeat times forward + backward of
 the sum of the outputs, both paths alternating, and the median is reported. One JSON line per
 configuration::
@@ -21,7 +21,7 @@ import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from seqzoo import build_encoder
-from seqzoo.base import Encoder
+from seqzoo.encoders.base import Encoder
 
 
 def _fwd_bwd(encoder: Encoder, x: torch.Tensor, mask: torch.Tensor, packed: bool) -> float:

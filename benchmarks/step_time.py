@@ -23,8 +23,9 @@ import time
 
 from seqzoo.config import load_config
 from seqzoo.data.io import atomic_write_text
-from seqzoo.runner import task_module
-from seqzoo.training import autocast, build_optimizer, model_device, set_seed, set_threads, update
+from seqzoo.training.devices import autocast, model_device, set_seed, set_threads
+from seqzoo.training.optim import build_optimizer, update
+from seqzoo.training.runner import task_module
 
 
 def main() -> None:

@@ -1,12 +1,12 @@
 """seqzoo: advanced sequence encoders (QRNN, MZU; S-LSTM and Meta-LSTM on the roadmap) and their baselines."""
 
-from seqzoo.base import Encoder, available_encoders, build_encoder, detach_state, register_encoder
-from seqzoo.baselines import GRU, LSTM, TransformerEncoder
-from seqzoo.dtgru import DeepTransitionGRU, LayerNormGRU
-from seqzoo.mzu import MZU
-from seqzoo.poolers import build_pooler
-from seqzoo.qrnn import QRNN
-from seqzoo.stacking import DenseGRU, DenseLSTM, DenseStack
+from seqzoo.encoders.base import Encoder, available_encoders, build_encoder, detach_state, register_encoder
+from seqzoo.encoders.dense import DenseGRU, DenseLSTM, DenseStack
+from seqzoo.encoders.dtgru import DeepTransitionGRU, LayerNormGRU
+from seqzoo.encoders.mzu import MZU
+from seqzoo.encoders.qrnn import QRNN
+from seqzoo.encoders.rnn import GRU, LSTM, TransformerEncoder
+from seqzoo.heads.poolers import build_pooler
 
 __version__ = "0.1.0"
 

@@ -33,8 +33,8 @@ FIXED_ON_RESUME = (
 
 
 def _train(args: argparse.Namespace) -> int:
-    from seqzoo.rundir import new_run_dir, run_lock
-    from seqzoo.runner import format_summary, run
+    from seqzoo.training.rundir import new_run_dir, run_lock
+    from seqzoo.training.runner import format_summary, run
 
     if args.resume:
         if args.config or args.run_dir:  # the run's own config.yaml is used, in its own directory
@@ -75,8 +75,8 @@ def _refuse_part_of_a_run(run_dir: Path, advice: str) -> None:
     """A ConfigError where ``run_dir`` is a ``seed-N``/``fold-K`` sub-directory of a run (one that
     has been locked by a training: a user's own folder named so is not): the run trains it, and
     locks only its own root, so a second training there would write into the run's files."""
-    from seqzoo.rundir import LOCK_NAME
-    from seqzoo.runner import run_root
+    from seqzoo.training.rundir import LOCK_NAME
+    from seqzoo.training.runner import run_root
 
     real = Path(os.path.realpath(run_dir))
     root = run_root(real)
@@ -129,7 +129,7 @@ def _refuse_changes_on_resume(stored: RunConfig, config: RunConfig, path: Path) 
 
 def _trained_runs(run_dir: str) -> list[Path]:
     """Sub-runs with a best/ checkpoint below ``run_dir``; an error if there is none."""
-    from seqzoo.runner import find_runs
+    from seqzoo.training.runner import find_runs
 
     runs = find_runs(run_dir)
     if not runs:
@@ -141,8 +141,8 @@ def _trained_runs(run_dir: str) -> list[Path]:
 def _warn_if_training(paths: list[Path]) -> None:
     """A warning for each run among ``paths`` (sub-runs or runs) that a process is training now: what
     is read of it is its latest checkpoint, not its final result."""
-    from seqzoo.rundir import training_pid
-    from seqzoo.runner import run_root
+    from seqzoo.training.rundir import training_pid
+    from seqzoo.training.runner import run_root
 
     for root in dict.fromkeys(run_root(Path(p)) for p in paths):
         pid = training_pid(root)
@@ -153,7 +153,8 @@ def _warn_if_training(paths: list[Path]) -> None:
 def _evaluate(args: argparse.Namespace) -> int:
     """One JSON line per sub-run, then mean ± std per run: a folder holding several runs (e.g.
     ``runs/``) gets one summary for each, headed by its path, not one over unrelated models."""
-    from seqzoo.runner import format_summary, load_task, run_root, summarize
+    from seqzoo.training.runner import format_summary, load_task, run_root
+    from seqzoo.training.stats import summarize
 
     runs: dict[Path, dict[str, dict[str, float]]] = {}
     for sub in _trained_runs(args.run_dir):
@@ -171,7 +172,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _predict(args: argparse.Namespace) -> int:
     from seqzoo.data.errors import DataError
     from seqzoo.data.io import open_text
-    from seqzoo.runner import load_task
+    from seqzoo.training.runner import load_task
 
     runs = _trained_runs(args.run_dir)
     task = load_task(runs[0], with_data=False)
@@ -194,8 +195,8 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _sample(args: argparse.Namespace) -> int:
-    from seqzoo.runner import load_task
     from seqzoo.tasks.lm import LMTask, sample
+    from seqzoo.training.runner import load_task
 
     runs = _trained_runs(args.run_dir)
     task = load_task(runs[0], with_data=False)
@@ -221,8 +222,8 @@ def _plot_labels(run_dirs: list[str]) -> list[str]:
 
 
 def _plot_zones(args: argparse.Namespace) -> int:
-    from seqzoo.mzu_analysis import plot_zone_relevance, zone_relevance
-    from seqzoo.runner import load_task
+    from seqzoo.analysis.zones import plot_zone_relevance, zone_relevance
+    from seqzoo.training.runner import load_task
 
     relevances = {}
     labels = _plot_labels(args.run_dirs) if len(args.run_dirs) > 1 else [""]
@@ -241,8 +242,8 @@ def _plot_zones(args: argparse.Namespace) -> int:
 
 
 def _plot_lengths(args: argparse.Namespace) -> int:
-    from seqzoo.runner import load_task
     from seqzoo.tasks.lm import LMTask, loss_by_length_bucket, plot_length_buckets
+    from seqzoo.training.runner import load_task
 
     try:
         boundaries = sorted({int(b) for b in args.boundaries.split(",")})
@@ -267,9 +268,9 @@ def _plot_lengths(args: argparse.Namespace) -> int:
 
 
 def _plot_hidden(args: argparse.Namespace) -> int:
-    from seqzoo.analysis import plot_hidden_states
+    from seqzoo.analysis.hidden import plot_hidden_states
     from seqzoo.data.io import read_text
-    from seqzoo.runner import load_task
+    from seqzoo.training.runner import load_task
 
     runs = _trained_runs(args.run_dir)
     text = args.text if args.input is None else read_text(args.input)
@@ -282,7 +283,7 @@ def _plot_hidden(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from seqzoo.significance import compare_runs, finite_or_none, format_comparison
+    from seqzoo.training.stats import compare_runs, finite_or_none, format_comparison
 
     _warn_if_training([Path(args.run_a), Path(args.run_b)])
     records = compare_runs(args.run_a, args.run_b)
@@ -425,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         log.addHandler(console)
     log.setLevel(logging.INFO)
     from seqzoo.data.errors import DataError
-    from seqzoo.training import TrainingError
+    from seqzoo.training.trainer import TrainingError
 
     try:
         _import_modules(args.imports)

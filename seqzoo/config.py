@@ -493,7 +493,7 @@ def with_recipe_arguments(encoder_args: Mapping[str, Any], **owned: Any) -> dict
 def names_config_errors(key: str) -> Iterator[None]:
     """Report the ``ValueError`` a constructor raises for arguments from the config section ``key``
     (an unknown encoder, an unknown or out-of-range ``encoder_args`` entry: see
-    :func:`seqzoo.base.build_encoder`) as a :class:`ConfigError` naming it. Other exceptions
+    :func:`seqzoo.encoders.base.build_encoder`) as a :class:`ConfigError` naming it. Other exceptions
     (a ``TypeError`` or ``KeyError`` is a bug, not a config error) keep their traceback."""
     from seqzoo.data.errors import DataError
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from seqzoo.base import Encoder, detach_state, module_mode
+from seqzoo.encoders.base import Encoder, detach_state, module_mode
 
 __all__ = [
     "assert_batch_invariant",

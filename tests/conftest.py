@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from seqzoo.recurrent import compile_failure
+from seqzoo.encoders.recurrent import compile_failure
 
 POSITIVE = "good great fine superb lovely moving brilliant fun warm charming".split()
 NEGATIVE = "bad awful dull boring weak poor flat tedious messy bland".split()
@@ -64,7 +64,7 @@ def metric_records(run_dir: Path) -> list[dict]:
     identical runs)."""
     import json
 
-    from seqzoo.training import TIMING_KEYS
+    from seqzoo.training.trainer import TIMING_KEYS
 
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS} for line in lines]

@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import seqzoo.dtgru  # registers "dtgru"
-import seqzoo.mzu  # noqa: F401  (registers mzu)
+import seqzoo.encoders.dtgru  # registers "dtgru"
+import seqzoo.encoders.mzu  # noqa: F401  (registers mzu)
 from seqzoo.data.absa import POLARITIES, AspectExample, hard_subset, read_semeval2014
 from seqzoo.data.errors import DataError
 from seqzoo.data.text import Tokenizer, Vocab

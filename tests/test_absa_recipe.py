@@ -13,8 +13,8 @@ from seqzoo.cli import main
 from seqzoo.config import load_config
 from seqzoo.data.absa import POLARITIES, AspectExample, hard_subset, hold_out_sentences, read_semeval2014
 from seqzoo.data.errors import DataError
-from seqzoo.runner import load_task
 from seqzoo.tasks.absa import ABSATask, load_splits, make_batch
+from seqzoo.training.runner import load_task
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "absa"

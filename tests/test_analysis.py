@@ -11,10 +11,10 @@ import torch
 from conftest import write_sentiment_corpus
 from torch import nn
 
-from seqzoo.analysis import HiddenStates, hidden_state_figure, hidden_states, plot_hidden_states
+from seqzoo.analysis.hidden import HiddenStates, hidden_state_figure, hidden_states, plot_hidden_states
 from seqzoo.cli import main
 from seqzoo.config import load_config
-from seqzoo.runner import load_task, run
+from seqzoo.training.runner import load_task, run
 
 TEXT = "the film was great and the plot was fine but the actor was dull"
 

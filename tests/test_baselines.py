@@ -9,9 +9,9 @@ from conftest import needs_cxx
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from seqzoo import build_encoder
-from seqzoo.base import Encoder, detach_state, lengths_from_mask, register_encoder, reverse_padded
-from seqzoo.baselines import TransformerEncoder, sinusoidal_positions
-from seqzoo.poolers import LastPooler, build_pooler
+from seqzoo.encoders.base import Encoder, detach_state, lengths_from_mask, register_encoder, reverse_padded
+from seqzoo.encoders.rnn import TransformerEncoder, sinusoidal_positions
+from seqzoo.heads.poolers import LastPooler, build_pooler
 from seqzoo.testing import assert_contract
 
 
@@ -48,7 +48,7 @@ def test_unpacked_padded_batch_equals_torch_packing(monkeypatch, name, with_stat
     def run(unpacked: bool) -> list[torch.Tensor]:
         if unpacked:
             with monkeypatch.context() as patch:  # the packed path is not taken
-                patch.setattr("seqzoo.baselines.pack_padded_sequence", None)
+                patch.setattr("seqzoo.encoders.rnn.pack_padded_sequence", None)
                 out, final = enc(x, mask, state)
         else:
             packed = pack_padded_sequence(x, lengths.clamp(min=1), batch_first=True, enforce_sorted=False)
@@ -81,7 +81,7 @@ def test_unpacked_dropout_between_layers_in_training(monkeypatch, name):
     x, lengths = torch.randn(3, 6, 5), torch.tensor([6, 2, 4])
     mask = torch.arange(6) < lengths.unsqueeze(1)
     with monkeypatch.context() as patch:
-        patch.setattr("seqzoo.baselines.pack_padded_sequence", None)
+        patch.setattr("seqzoo.encoders.rnn.pack_padded_sequence", None)
         out = enc(x, mask)[0]
     packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
     expected = pad_packed_sequence(enc.rnn(packed)[0], batch_first=True, total_length=6)[0]
@@ -554,7 +554,7 @@ def test_a_name_taken_by_another_encoder_is_refused(monkeypatch):
     class Other(Encoder):
         pass
 
-    from seqzoo import base
+    from seqzoo.encoders import base
 
     monkeypatch.setitem(base._REGISTRY, "lstm", before)  # restored even where the refusal is missing
     with pytest.raises(ValueError, match="already registered"):

@@ -18,11 +18,11 @@ import seqzoo.bench as bench_pkg
 import seqzoo.bench.encoders as enc_bench
 import seqzoo.bench.mzu as mzu_bench
 from seqzoo import build_encoder
-from seqzoo.base import detach_state
 from seqzoo.bench.mzu import dtgru_forward_flops, mzu_forward_flops
 from seqzoo.cli import main
-from seqzoo.dtgru import DeepTransitionGRU
-from seqzoo.mzu import MZU
+from seqzoo.encoders.base import detach_state
+from seqzoo.encoders.dtgru import DeepTransitionGRU
+from seqzoo.encoders.mzu import MZU
 
 
 def _rows(capsys) -> list[dict]:

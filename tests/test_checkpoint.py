@@ -3,8 +3,14 @@ import re
 import pytest
 import torch
 
-from seqzoo.checkpoint import join_tensors, load_tensors, resolve_checkpoint, save_checkpoint_dir, split_tensors
 from seqzoo.data.errors import DataError
+from seqzoo.training.checkpoint import (
+    join_tensors,
+    load_tensors,
+    resolve_checkpoint,
+    save_checkpoint_dir,
+    split_tensors,
+)
 
 
 def test_split_join_round_trip():

@@ -13,7 +13,7 @@ from conftest import metric_records, write_sentiment_corpus
 from seqzoo.cli import main
 from seqzoo.config import RunConfig, config_from_dict, load_config
 from seqzoo.data.errors import DataError
-from seqzoo.runner import load_task, run
+from seqzoo.training.runner import load_task, run
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -113,7 +113,7 @@ def test_each_epoch_has_its_own_seeded_shuffle(tmp_path):
 
 def test_max_len_keeps_the_first_max_len_tokens(tmp_path):
     """Data.max_len truncates to exactly max_len tokens (training and plot-hidden alike)."""
-    from seqzoo.analysis import hidden_states
+    from seqzoo.analysis.hidden import hidden_states
 
     task = _classification_task(tmp_path, "data.max_len=3")
     lengths = [len(s) for s in task.splits["train"].ids]

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from seqzoo.base import build_encoder
 from seqzoo.config import config_to_dict, load_config
-from seqzoo.seq2seq import build_seq2seq
+from seqzoo.encoders.base import build_encoder
+from seqzoo.heads.seq2seq import build_seq2seq
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
 

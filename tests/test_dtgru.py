@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from seqzoo import build_encoder
-from seqzoo.dtgru import DeepTransitionGRU, LayerNormGRU
+from seqzoo.encoders.dtgru import DeepTransitionGRU, LayerNormGRU
 from seqzoo.testing import assert_contract
 
 pytestmark = pytest.mark.usefixtures("single_thread")

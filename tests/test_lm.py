@@ -14,13 +14,13 @@ import torch
 import torch.nn.functional as F
 from conftest import metric_records
 
-from seqzoo.checkpoint import join_tensors, split_tensors
 from seqzoo.cli import main
 from seqzoo.config import ConfigError, config_from_dict
 from seqzoo.data.errors import DataError
 from seqzoo.data.lm import batchify, tbptt_batches
-from seqzoo.runner import load_task, run
 from seqzoo.tasks.lm import LMTask, loss_by_length_bucket, plot_length_buckets, read_splits, sample
+from seqzoo.training.checkpoint import join_tensors, split_tensors
+from seqzoo.training.runner import load_task, run
 
 SUBJECTS = ["the cat", "a dog", "the old bird", "my friend"]
 VERBS = ["sat on", "ran to", "looked at", "slept under"]
@@ -183,7 +183,7 @@ class _Killed(Exception):
 @pytest.mark.parametrize(("encoder", "precision"), [("lstm", "fp32"), ("lstm", "bf16"), ("qrnn", "bf16")])
 def test_resume_mid_epoch_reproduces_uninterrupted_run(corpus, tmp_path, monkeypatch, encoder, precision):
     """Also in mixed precision, whose carried state crosses the checkpoint in its own dtype."""
-    import seqzoo.qrnn  # noqa: F401  (registers "qrnn")
+    import seqzoo.encoders.qrnn  # noqa: F401  (registers "qrnn")
 
     model = {"encoder": encoder, "encoder_args": {"hidden_size": 16, **({"window": 2} if encoder == "qrnn" else {})}}
     config = make_config(corpus, tmp_path, level="char", data={"bptt": 20}, model=model, train={"precision": precision})
@@ -213,7 +213,7 @@ def test_resume_mid_epoch_reproduces_uninterrupted_run(corpus, tmp_path, monkeyp
 
 @pytest.mark.parametrize("encoder", ["lstm", "gru", "qrnn"])
 def test_carried_state_survives_the_checkpoint_format(corpus, tmp_path, encoder):
-    import seqzoo.qrnn  # noqa: F401  (registers "qrnn")
+    import seqzoo.encoders.qrnn  # noqa: F401  (registers "qrnn")
 
     config = make_config(
         corpus,

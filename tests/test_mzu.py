@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from seqzoo import build_encoder
-from seqzoo.mzu import (
+from seqzoo.encoders.mzu import (
     MZU,
     MFunction,
     MZUCell,

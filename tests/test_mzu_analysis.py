@@ -8,11 +8,11 @@ import torch
 import torch.nn.functional as F
 
 from seqzoo import build_encoder
+from seqzoo.analysis.zones import plot_zone_relevance, relevance_matrix, zone_relevance
 from seqzoo.cli import main
 from seqzoo.config import config_from_dict
-from seqzoo.mzu_analysis import plot_zone_relevance, relevance_matrix, zone_relevance
-from seqzoo.runner import load_task, run
 from seqzoo.tasks.lm import LMTask
+from seqzoo.training.runner import load_task, run
 
 WORDS = ["agreements", "payments", "the", "signed", "inc.", "talks", "ended"]
 
@@ -176,7 +176,7 @@ def test_gru_and_mzu_panels_in_one_figure(trained, trained_gru, tmp_path, capsys
 def figures(monkeypatch):
     """The figures plot_zone_relevance draws, in order, instead of PNGs."""
     drawn = []
-    monkeypatch.setattr("seqzoo.mzu_analysis.save_figure", lambda fig, path: drawn.append(fig) or path)
+    monkeypatch.setattr("seqzoo.analysis.zones.save_figure", lambda fig, path: drawn.append(fig) or path)
     return drawn
 
 
@@ -211,7 +211,7 @@ def test_char_sampling_never_draws_unk_and_warns_of_unknown_prime_characters(tra
 
 def test_zone_plot_panels_show_the_last_characters_and_the_final_ones_blocks(tmp_path, figures):
     """The panel shows the last characters' relevance rows, and the block panel the final one's."""
-    from seqzoo.mzu_analysis import ZoneRelevance
+    from seqzoo.analysis.zones import ZoneRelevance
 
     torch.manual_seed(0)
     cand, state = torch.randn(7, 8), torch.randn(7, 8)

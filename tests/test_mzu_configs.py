@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-import seqzoo.dtgru
-import seqzoo.mzu  # noqa: F401  (register the encoders)
+import seqzoo.encoders.dtgru
+import seqzoo.encoders.mzu  # noqa: F401  (register the encoders)
 from seqzoo.config import load_config
 from seqzoo.tasks.lm import LanguageModel
 

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-import seqzoo.plots
-from seqzoo.plots import plot_curves
+import seqzoo.training.plots
+from seqzoo.training.plots import plot_curves
 
 STEPS = [{"event": "step", "epoch": 1, "step": s, "lr": 1e-3, "train_loss": 3.0 - s / 100} for s in (100, 200, 300)]
 EPOCHS = [
@@ -17,7 +17,9 @@ TEST = {"event": "test", "best_epoch": 2, "test_bpc": 2.5}
 def figures(monkeypatch):
     """The figures plot_curves draws, by file name, instead of PNGs."""
     drawn = {}
-    monkeypatch.setattr(seqzoo.plots, "save_figure", lambda fig, path: drawn.setdefault(path.name, fig) and path)
+    monkeypatch.setattr(
+        seqzoo.training.plots, "save_figure", lambda fig, path: drawn.setdefault(path.name, fig) and path
+    )
     return drawn
 
 

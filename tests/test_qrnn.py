@@ -8,8 +8,8 @@ import warnings
 import pytest
 import torch
 
-from seqzoo.base import build_encoder
-from seqzoo.qrnn import QRNN, QRNNLayer
+from seqzoo.encoders.base import build_encoder
+from seqzoo.encoders.qrnn import QRNN, QRNNLayer
 from seqzoo.testing import assert_contract
 
 CONFIGS = list(itertools.product([False, True], [1, 2, 3], [False, True], [1, 2], ["f", "fo", "ifo"]))

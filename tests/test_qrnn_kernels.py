@@ -279,7 +279,7 @@ def test_double_backward_through_the_compiled_kernels(pooling, reverse):
 
 def test_gradient_penalty_of_a_qrnn_equals_the_reference(monkeypatch):
     """A penalty on the input gradient (WGAN-GP style) trains the same on either backend."""
-    from seqzoo.qrnn import QRNN
+    from seqzoo.encoders.qrnn import QRNN
 
     torch.manual_seed(0)
     encoder = QRNN(3, 4, num_layers=2, window=2).double()

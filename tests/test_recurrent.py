@@ -7,7 +7,8 @@ import torch
 from conftest import needs_cxx, no_eager_fallback
 from torch._dynamo.utils import counters
 
-from seqzoo import build_encoder, recurrent
+from seqzoo import build_encoder
+from seqzoo.encoders import recurrent
 
 
 def backward_node_names(output: torch.Tensor) -> set[str]:

@@ -19,8 +19,8 @@ from seqzoo.config import ConfigError, load_config
 from seqzoo.data.batching import pad_batch
 from seqzoo.data.errors import DataError
 from seqzoo.data.translation import read_parallel
-from seqzoo.qrnn import QRNN, QRNNLayer
-from seqzoo.seq2seq import (
+from seqzoo.encoders.qrnn import QRNN, QRNNLayer
+from seqzoo.heads.seq2seq import (
     EncoderOutput,
     LSTMSeq2Seq,
     QRNNDecoderLayer,
@@ -549,7 +549,7 @@ def test_bos_is_never_emitted():
 
 def test_beam_ranking_uses_source_length_plus_5_as_target_length(monkeypatch):
     """Appendix eq. 9's T_trg is the source length + 5."""
-    import seqzoo.seq2seq as s2s
+    import seqzoo.heads.seq2seq as s2s
 
     seen = []
     original = s2s.length_normalized_score

@@ -6,9 +6,7 @@ import pytest
 
 from seqzoo.cli import main
 from seqzoo.data.io import write_json
-from seqzoo.runner import summarize
-from seqzoo.significance import compare_runs, student_t_two_sided_p, welch_t_test
-from seqzoo.training import mean_std
+from seqzoo.training.stats import compare_runs, mean_std, student_t_two_sided_p, summarize, welch_t_test
 
 
 @pytest.mark.parametrize("t", [0.0, 0.3, 1.0, 2.5, 40.0])

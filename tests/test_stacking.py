@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import seqzoo.mzu
-import seqzoo.qrnn  # noqa: F401  (registers "qrnn")
-from seqzoo.base import build_encoder
-from seqzoo.stacking import DenseStack
+import seqzoo.encoders.mzu
+import seqzoo.encoders.qrnn  # noqa: F401  (registers "qrnn")
+from seqzoo.encoders.base import build_encoder
+from seqzoo.encoders.dense import DenseStack
 from seqzoo.testing import assert_contract
 
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from seqzoo import build_encoder
-from seqzoo.base import Encoder, lengths_from_mask, zero_padding
+from seqzoo.encoders.base import Encoder, lengths_from_mask, zero_padding
 from seqzoo.testing import (
     assert_batch_invariant,
     assert_contract,

@@ -19,8 +19,10 @@ from conftest import metric_records, without_gpu
 
 from seqzoo.cli import main
 from seqzoo.config import load_config
-from seqzoo.runner import format_summary, run, summarize
-from seqzoo.training import StepLoss, Trainer, TrainingError
+from seqzoo.training.runner import format_summary, run
+from seqzoo.training.stats import summarize
+from seqzoo.training.task import StepLoss
+from seqzoo.training.trainer import Trainer, TrainingError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -178,7 +180,7 @@ def test_kfold_when_no_test_split(toy_corpus, tmp_path):
 
 
 def test_seeds_not_folds_are_the_samples_of_the_spread():
-    from seqzoo.runner import per_seed
+    from seqzoo.training.stats import per_seed
 
     runs = {f"seed-{s}/fold-{k}": {"test_accuracy": 0.1 * s + 0.01 * k} for s in (1, 2) for k in (1, 2, 3)}
     assert per_seed(runs) == {
@@ -237,8 +239,8 @@ sys.exit(main(sys.argv[1:]))
 
 def test_predict_and_evaluate_give_the_model_its_mode_back(toy_corpus, tmp_path):
     """predict() left a classifier in eval mode (dropout off for any training after it)."""
-    from seqzoo.base import module_mode
-    from seqzoo.runner import load_task
+    from seqzoo.encoders.base import module_mode
+    from seqzoo.training.runner import load_task
 
     run(load_config(_config_yaml(toy_corpus, tmp_path), ["train.epochs=1"]), tmp_path / "r")
     task = load_task(tmp_path / "r")
@@ -370,7 +372,7 @@ def test_a_run_that_failed_before_training_can_start_again(toy_corpus, tmp_path)
 
 def test_a_metrics_line_cut_short_is_no_record(tmp_path):
     from seqzoo.data.errors import DataError
-    from seqzoo.runner import completed_test_record
+    from seqzoo.training.runner import completed_test_record
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"event": "epoch"}\n{"event": "te')  # SIGKILL while writing the test record
@@ -564,7 +566,7 @@ def test_evaluate_run_trained_with_pretrained_vectors_of_another_size(toy_corpus
 
 
 def test_update_returns_the_gradient_norm_before_clipping():
-    from seqzoo.training import update
+    from seqzoo.training.optim import update
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
@@ -580,7 +582,7 @@ def test_update_returns_the_gradient_norm_before_clipping():
 
 def test_scheduled_lr_warms_up_then_decays_to_min_lr():
     from seqzoo.config import OptimConfig
-    from seqzoo.training import scheduled_lr
+    from seqzoo.training.optim import scheduled_lr
 
     def lrs(total: int = 14, **kwargs) -> list[float]:
         cfg = OptimConfig(lr=1.0, **kwargs)
@@ -607,7 +609,8 @@ def test_scheduled_lr_warms_up_then_decays_to_min_lr():
     ],
 )
 def test_trainer_sets_the_scheduled_lr_at_every_step(toy_corpus, tmp_path, monkeypatch, overrides, total):
-    from seqzoo import training
+    from seqzoo.training import trainer as training
+    from seqzoo.training.optim import scheduled_lr
 
     used, original = [], training.update
     monkeypatch.setattr(
@@ -617,7 +620,7 @@ def test_trainer_sets_the_scheduled_lr_at_every_step(toy_corpus, tmp_path, monke
     run(config, tmp_path / "scheduled")
     cfg = config.optim
     epoch_lr = [cfg.lr * (cfg.decay if cfg.schedule == "exponential" and step >= 30 else 1) for step in range(total)]
-    assert used == pytest.approx([training.scheduled_lr(cfg, epoch_lr[s], s, total) for s in range(total)])
+    assert used == pytest.approx([scheduled_lr(cfg, epoch_lr[s], s, total) for s in range(total)])
     if cfg.schedule == "exponential":
         assert used[-1] == pytest.approx(cfg.lr * cfg.decay)
     else:  # the step schedules end near min_lr (0)
@@ -695,7 +698,7 @@ def test_a_checkpoint_whose_config_was_edited_is_a_clear_error(toy_corpus, tmp_p
 
 def test_train_device_is_checked_and_a_missing_gpu_is_a_clear_error(toy_corpus, tmp_path, capsys):
     from seqzoo.config import ConfigError, TrainConfig
-    from seqzoo.training import resolve_device
+    from seqzoo.training.devices import resolve_device
 
     for bad in ("gpu", "cuda:", "CPU", "mps"):
         with pytest.raises(ConfigError, match="device: must be auto, cpu, cuda or cuda:N"):
@@ -758,7 +761,7 @@ def test_epoch_time_leaves_out_checkpoint_writes(toy_corpus, tmp_path, monkeypat
 
 def test_train_precision_is_checked_and_fp16_needs_a_gpu(toy_corpus, tmp_path, capsys):
     from seqzoo.config import ConfigError
-    from seqzoo.training import check_precision
+    from seqzoo.training.devices import check_precision
 
     config = _config_yaml(toy_corpus, tmp_path)
     with pytest.raises(ConfigError, match=r"train\.precision: 'fp64' is not one of 'fp32', 'bf16', 'fp16'"):
@@ -800,7 +803,7 @@ def test_bf16_training_steps_run_under_autocast_and_evaluation_in_float32(toy_co
 
 
 def test_update_with_a_grad_scaler_clips_the_unscaled_gradients_and_skips_overflows():
-    from seqzoo.training import update
+    from seqzoo.training.optim import update
 
     torch.manual_seed(0)
     x = torch.randn(5, 4)
@@ -824,9 +827,10 @@ def test_fp16_loss_scale_is_checkpointed_and_restored_on_resume(toy_corpus, tmp_
     """The fp16 loss scale is part of ``last/``; a resumed run goes on from it, not from a fresh
     scale. fp16 is GPU-only, so on the CPU the precision check is lifted for a GRU (oneDNN has
     float16 GRUs on the CPU, not LSTMs); the GPU test runs it unpatched."""
-    from seqzoo import training
+    from seqzoo.training import trainer as training
+    from seqzoo.training.devices import PRECISIONS
 
-    monkeypatch.setattr(training, "check_precision", lambda precision, device: training.PRECISIONS[precision])
+    monkeypatch.setattr(training, "check_precision", lambda precision, device: PRECISIONS[precision])
     loaded = []
     original = torch.amp.GradScaler.load_state_dict
     monkeypatch.setattr(torch.amp.GradScaler, "load_state_dict", lambda self, s: (loaded.append(s), original(self, s)))
@@ -847,7 +851,7 @@ def test_fp16_loss_scale_is_checkpointed_and_restored_on_resume(toy_corpus, tmp_
 
 def test_clipping_bounds_the_update_that_the_optimiser_applies():
     """Clip_grad_norm_ must actually rescale the gradients the step uses (not only report the norm)."""
-    from seqzoo.training import update
+    from seqzoo.training.optim import update
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
@@ -888,7 +892,7 @@ def test_an_improvement_resets_the_early_stopping_count(tmp_path):
 
 def test_per_seed_averages_each_metric_over_the_runs_that_have_it():
     """A metric missing from one fold is averaged over the folds that report it."""
-    from seqzoo.runner import per_seed
+    from seqzoo.training.stats import per_seed
 
     runs = {"fold-1": {"a": 1.0, "b": 2.0}, "fold-2": {"a": 2.0, "b": 4.0}, "fold-3": {"a": 3.0}}
     assert per_seed(runs) == {".": {"a": pytest.approx(2.0), "b": pytest.approx(3.0)}}
@@ -926,7 +930,7 @@ def test_a_file_system_without_locks_trains_unguarded_with_a_warning(toy_corpus,
 def test_new_run_dir_claims_the_first_free_number(tmp_path):
     """A run of a taken name goes to the first free NAME-N, and claims it by creating it, so that runs
     started at the same time (a job array) each get their own directory before any has trained."""
-    from seqzoo.rundir import new_run_dir
+    from seqzoo.training.rundir import new_run_dir
 
     runs = tmp_path / "runs"
     assert new_run_dir(str(runs), "toy") == runs / "toy"
@@ -939,7 +943,7 @@ def test_new_run_dir_claims_the_first_free_number(tmp_path):
 def _hold_run_lock(run_dir: Path) -> subprocess.Popen:
     """Another process that holds ``run_dir``'s training lock until it is killed."""
     code = (
-        "import time\nfrom pathlib import Path\nfrom seqzoo.rundir import run_lock\n"
+        "import time\nfrom pathlib import Path\nfrom seqzoo.training.rundir import run_lock\n"
         f"with run_lock(Path({str(run_dir)!r})):\n    print('locked', flush=True)\n    time.sleep(120)"
     )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -1021,7 +1025,7 @@ def test_a_readers_momentary_lock_does_not_refuse_a_training(tmp_path):
     import fcntl
     import threading
 
-    from seqzoo.rundir import LOCK_NAME, run_lock
+    from seqzoo.training.rundir import LOCK_NAME, run_lock
 
     reader = open(tmp_path / LOCK_NAME, "a+")
     fcntl.flock(reader, fcntl.LOCK_SH)
@@ -1036,8 +1040,8 @@ def test_find_runs_is_not_thrown_by_a_checkpoint_swapped_meanwhile(tmp_path):
     misses the run."""
     import threading
 
-    from seqzoo.checkpoint import save_checkpoint_dir
-    from seqzoo.runner import find_runs
+    from seqzoo.training.checkpoint import save_checkpoint_dir
+    from seqzoo.training.runner import find_runs
 
     run_dir = tmp_path / "r"
     tensors = {"model": {"w": torch.zeros(4)}}

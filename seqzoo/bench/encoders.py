@@ -40,13 +40,13 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from seqzoo.base import available_encoders, build_encoder
 from seqzoo.bench import device_arg, non_negative_int, positive_int, sgemm_flops_per_s, synchronize
 from seqzoo.config import ConfigError
+from seqzoo.encoders.base import available_encoders, build_encoder
+from seqzoo.encoders.qrnn import QRNN
 from seqzoo.kernels import pool_backend
 from seqzoo.kernels.qrnn_pool import _Kernel, qrnn_pool, qrnn_pool_compiled
-from seqzoo.qrnn import QRNN
-from seqzoo.training import autocast, check_precision
+from seqzoo.training.devices import autocast, check_precision
 
 __all__ = ["build_parser", "main"]
 

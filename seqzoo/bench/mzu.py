@@ -14,7 +14,7 @@ The sgemm rate is the best of a 2048³ fp32 matmul measured before and after the
 same run, so load from other processes lowers both sides alike as far as possible.
 
 ``--compile-step`` builds both encoders with ``compile_step=True`` (their recurrent step through
-``torch.compile``, :mod:`seqzoo.recurrent`); the untimed warm-up step then includes compiling. A
+``torch.compile``, :mod:`seqzoo.encoders.recurrent`); the untimed warm-up step then includes compiling. A
 record says ``compile_step`` only for a step that ran compiled: a failed compile (which warns)
 falls back to eager, and the record says false.
 
@@ -33,11 +33,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from seqzoo.base import Encoder, detach_state
 from seqzoo.bench import device_arg, positive_int, sgemm_flops_per_s, synchronize
-from seqzoo.dtgru import DeepTransitionGRU
-from seqzoo.mzu import MZU
-from seqzoo.recurrent import compile_failure
+from seqzoo.encoders.base import Encoder, detach_state
+from seqzoo.encoders.dtgru import DeepTransitionGRU
+from seqzoo.encoders.mzu import MZU
+from seqzoo.encoders.recurrent import compile_failure
 
 __all__ = ["build_parser", "dtgru_forward_flops", "main", "mzu_forward_flops"]
 
@@ -48,7 +48,7 @@ def _m_function_flops(hidden: int, composition: str, zones: int, filter_size: in
     """Matmul FLOPs of one M-function after zone generation, per token.
 
     Capsule routing is counted as eqs. 10–14 read (the N predictions formed once, then the
-    routing products). :func:`seqzoo.mzu.capsule_routing` routes in zone space instead, which
+    routing products). :func:`seqzoo.encoders.mzu.capsule_routing` routes in zone space instead, which
     costs 2T − 1 products with W^c in place of N (5 against 4 at T = 3, N = 4); the extra ones
     are not counted, so the efficiency below is of the equations' work.
     """

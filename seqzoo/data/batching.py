@@ -16,7 +16,7 @@ def pad_batch(
     """Right-pad id sequences into ``(ids, mask)``, both (B, T) with T the longest (capped) length.
 
     ``ids`` is int64, ``mask`` bool with True at real tokens (the encoder contract of
-    :mod:`seqzoo.base`). Sequences longer than ``max_len`` are truncated to their first
+    :mod:`seqzoo.encoders.base`). Sequences longer than ``max_len`` are truncated to their first
     ``max_len`` ids. Empty sequences are rejected: every row needs a real token.
     """
     if not seqs:

@@ -30,15 +30,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqzoo.base import build_encoder, module_mode
 from seqzoo.config import ABSADataConfig, RunConfig, names_config_errors, with_recipe_arguments
 from seqzoo.data.absa import POLARITIES, AspectExample, hard_subset, hold_out_sentences, read_semeval2014
 from seqzoo.data.batching import bucket_batches, pad_batch
 from seqzoo.data.errors import DataError
 from seqzoo.data.text import Tokenizer, Vocab
-from seqzoo.poolers import build_pooler
+from seqzoo.encoders.base import build_encoder, module_mode
+from seqzoo.heads.poolers import build_pooler
 from seqzoo.tasks.common import accuracy_and_loss, class_probabilities, epoch_seed, pretrained_vectors
-from seqzoo.training import StepLoss, resolve_device
+from seqzoo.training.devices import resolve_device
+from seqzoo.training.task import StepLoss
 
 __all__ = [
     "ABSATask",
@@ -144,7 +145,7 @@ def load_splits(cfg: ABSADataConfig) -> dict[str, list[AspectExample]]:
 
 
 class ABSATask:
-    """The :class:`seqzoo.training.Task` for aspect-term sentiment classification.
+    """The :class:`seqzoo.training.trainer.Task` for aspect-term sentiment classification.
 
     ``vocab``, ``tokenizer`` and ``embedding_dim`` are given when loading a trained model
     (``embedding_dim`` then skips the vector file: the checkpoint has the embeddings).
@@ -247,8 +248,8 @@ def build_tasks(config: RunConfig) -> list[tuple[str, ABSATask]]:
 
 def load_trained(config: RunConfig, best: Path, with_data: bool = True) -> ABSATask:
     """Rebuild a trained model from a ``best/`` checkpoint directory."""
-    from seqzoo.checkpoint import load_tensors, load_weights
     from seqzoo.data.io import read_json
+    from seqzoo.training.checkpoint import load_tensors, load_weights
 
     tensors = load_tensors(best / "model.safetensors")
     task = ABSATask(

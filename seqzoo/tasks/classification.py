@@ -15,15 +15,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqzoo.base import build_encoder, module_mode
 from seqzoo.config import ClassificationDataConfig, ModelConfig, RunConfig, names_config_errors, with_recipe_arguments
 from seqzoo.data.batching import bucket_batches, pad_batch
 from seqzoo.data.classification import ClassificationData, LabeledText, LabelSet, bundled_corpus_dir
 from seqzoo.data.errors import DataError
 from seqzoo.data.text import Tokenizer, Vocab
-from seqzoo.poolers import build_pooler
+from seqzoo.encoders.base import build_encoder, module_mode
+from seqzoo.heads.poolers import build_pooler
 from seqzoo.tasks.common import accuracy_and_loss, class_probabilities, epoch_seed, pretrained_vectors
-from seqzoo.training import StepLoss, resolve_device
+from seqzoo.training.devices import resolve_device
+from seqzoo.training.task import StepLoss
 
 __all__ = ["ClassificationTask", "TextClassifier", "build_tasks", "load_data", "load_trained"]
 
@@ -70,7 +71,7 @@ def load_data(cfg: ClassificationDataConfig, seed: int) -> ClassificationData:
 
 
 class ClassificationTask:
-    """The :class:`seqzoo.training.Task` for text classification."""
+    """The :class:`seqzoo.training.trainer.Task` for text classification."""
 
     metric = "accuracy"
     higher_is_better = True
@@ -199,8 +200,8 @@ def load_trained(config: RunConfig, best: Path, with_data: bool = True) -> Class
     fold's training split no longer gives the vocabulary the model was trained with (the data
     changed), its held-out fold cannot be trusted and a :class:`DataError` says so.
     """
-    from seqzoo.checkpoint import load_tensors, load_weights
     from seqzoo.data.io import read_json
+    from seqzoo.training.checkpoint import load_tensors, load_weights
 
     splits: dict[str, list[LabeledText]] = {}
     fold: ClassificationData | None = None

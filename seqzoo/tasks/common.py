@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqzoo.base import module_mode
 from seqzoo.data.embeddings import load_vectors
 from seqzoo.data.text import Vocab
+from seqzoo.encoders.base import module_mode
 
 __all__ = ["accuracy_and_loss", "epoch_seed", "pretrained_vectors"]
 

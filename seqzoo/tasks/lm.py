@@ -33,14 +33,15 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
-from seqzoo.base import State, build_encoder, detach_state, module_mode
 from seqzoo.config import LMDataConfig, ModelConfig, RunConfig, names_config_errors, with_recipe_arguments
 from seqzoo.data.errors import DataError
 from seqzoo.data.io import require_file
 from seqzoo.data.lm import EOS, batchify, build_lm_vocab, read_lm_tokens, tbptt_batches
 from seqzoo.data.text import Vocab, warn_outside_vocabulary
-from seqzoo.plots import save_figure
-from seqzoo.training import StepLoss, resolve_device
+from seqzoo.encoders.base import State, build_encoder, detach_state, module_mode
+from seqzoo.training.devices import resolve_device
+from seqzoo.training.plots import save_figure
+from seqzoo.training.task import StepLoss
 
 __all__ = [
     "LMTask",
@@ -123,7 +124,7 @@ def read_splits(cfg: LMDataConfig) -> dict[str, list[str]]:
 
 
 class LMTask:
-    """The :class:`seqzoo.training.Task` for word- or character-level language modelling.
+    """The :class:`seqzoo.training.trainer.Task` for word- or character-level language modelling.
 
     ``tokens`` maps split names ("train", "dev", "test") to token streams; it may be empty
     when ``vocab`` is given (a model loaded only to sample). See the module docstring for the
@@ -267,8 +268,8 @@ def build_tasks(config: RunConfig) -> list[tuple[str, LMTask]]:
 
 def load_trained(config: RunConfig, best: Path, with_data: bool = True) -> LMTask:
     """Rebuild a trained language model from a ``best/`` checkpoint directory."""
-    from seqzoo.checkpoint import load_weights
     from seqzoo.data.io import read_json
+    from seqzoo.training.checkpoint import load_weights
 
     level = read_json(best / "lm.json")["level"]
     if level != config.data.level:

@@ -4,9 +4,9 @@ Data: ``{data_dir}/{train,dev,test}.{source,target}[.gz]`` (:mod:`seqzoo.data.tr
 read as characters with one vocabulary for both sides. Training pairs with a side longer than
 ``data.max_chars`` are dropped (the paper: 300); dev and test are kept whole.
 
-Model: ``model.encoder`` is ``"qrnn"`` (:class:`~seqzoo.seq2seq.QRNNSeq2Seq`: ``encoder_args``
+Model: ``model.encoder`` is ``"qrnn"`` (:class:`~seqzoo.heads.seq2seq.QRNNSeq2Seq`: ``encoder_args``
 ``hidden_size``, ``num_layers``, ``encoder_window``, ``decoder_window``, ``enc_state``) or ``"lstm"``
-(:class:`~seqzoo.seq2seq.LSTMSeq2Seq`: ``hidden_size``, ``num_layers``); ``model.dropout`` is its
+(:class:`~seqzoo.heads.seq2seq.LSTMSeq2Seq`: ``hidden_size``, ``num_layers``); ``model.dropout`` is its
 dropout (the configuration's default, 0.5, where a config does not set it: the paper's QRNN has 0,
 its LSTM 0.2, as the two shipped configs set); ``data.embedding_dim`` the embedding size.
 
@@ -29,15 +29,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from seqzoo.base import module_mode
 from seqzoo.config import ConfigError, RunConfig, TranslationDataConfig, names_config_errors, with_recipe_arguments
 from seqzoo.data.batching import bucket_batches, pad_batch
 from seqzoo.data.errors import DataError
 from seqzoo.data.text import Vocab
 from seqzoo.data.translation import BOS, EOS, build_char_vocab, find_parallel, read_parallel
-from seqzoo.seq2seq import beam_search, build_seq2seq
+from seqzoo.encoders.base import module_mode
+from seqzoo.heads.seq2seq import beam_search, build_seq2seq
 from seqzoo.tasks.common import epoch_seed
-from seqzoo.training import StepLoss, resolve_device
+from seqzoo.training.devices import resolve_device
+from seqzoo.training.task import StepLoss
 
 __all__ = ["TranslationTask", "build_tasks", "corpus_scores", "load_trained", "read_splits"]
 
@@ -79,7 +80,7 @@ def corpus_scores(hypotheses: list[str], references: list[str]) -> tuple[dict[st
 
 
 class TranslationTask:
-    """The :class:`seqzoo.training.Task` for character-level translation (module docstring).
+    """The :class:`seqzoo.training.trainer.Task` for character-level translation (module docstring).
 
     ``pairs`` maps split names to ``(source, target)`` sentence pairs; it may be empty when
     ``vocab`` is given (a model loaded only to translate).
@@ -185,8 +186,8 @@ def build_tasks(config: RunConfig) -> list[tuple[str, TranslationTask]]:
 
 def load_trained(config: RunConfig, best: Path, with_data: bool = True) -> TranslationTask:
     """Rebuild a trained translation model from a ``best/`` checkpoint directory."""
-    from seqzoo.checkpoint import load_weights
     from seqzoo.data.io import read_json
+    from seqzoo.training.checkpoint import load_weights
 
     pairs = read_splits(config.data) if with_data else {}
     task = TranslationTask(config, pairs, vocab=Vocab.from_dict(read_json(best / "vocab.json")))

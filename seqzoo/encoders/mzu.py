@@ -54,8 +54,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqzoo.base import State, check_rate, register_encoder
-from seqzoo.recurrent import RecurrentCellEncoder, StepFn
+from seqzoo.encoders.base import State, check_rate, register_encoder
+from seqzoo.encoders.recurrent import RecurrentCellEncoder, StepFn
 
 __all__ = [
     "MZU",
@@ -418,7 +418,7 @@ class MZUCell(nn.Module):
 
     # Under autocast the step's dozens of small ops lose more to casts than bfloat16 saves
     # (capMZU+DT on brown_char, CPU: 1.17-1.3x slower per training step than float32), so the
-    # time loop runs in float32 (seqzoo.recurrent; docs/results.md).
+    # time loop runs in float32 (seqzoo.encoders.recurrent; docs/results.md).
     float32_recurrence = True
 
     def __init__(
@@ -508,7 +508,7 @@ class MZU(RecurrentCellEncoder):
     L >= 1 = MZU+DT), ``share_transition`` (one M_h / M_g for all depths), ``layer_norm``,
     ``disagreement`` λ of eq. 19 (default 1.0 as in MODELS.md 4.4; 0 = off; negative allowed), ``regular_gate`` /
     ``regular_trans`` (ablations), ``gcn_activation`` (σ of eq. 9), ``compile_step`` (the time
-    loop's step through ``torch.compile``, :mod:`seqzoo.recurrent`).
+    loop's step through ``torch.compile``, :mod:`seqzoo.encoders.recurrent`).
 
     State: ``h`` (num_layers * directions, B, H). :meth:`auxiliary_loss` returns ``−λ·D``
     (module docstring) from the last forward pass, None when λ = 0 or every M is ablated.

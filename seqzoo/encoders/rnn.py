@@ -1,7 +1,7 @@
 """Baseline encoders the papers compare against: LSTM, GRU (torch/cuDNN kernels) and a Transformer.
 
 LSTM: Hochreiter & Schmidhuber (1997); GRU: Cho et al. (2014); Transformer encoder:
-Vaswani et al. (2017). All follow the :mod:`seqzoo.base` contract; pad positions never reach
+Vaswani et al. (2017). All follow the :mod:`seqzoo.encoders.base` contract; pad positions never reach
 the state or the backward direction. A padded batch is packed, except on CPU in training when at
 least half of it is real tokens: there it runs unpacked, a layer and a direction at a time,
 because torch's packed RNN backward is slow on CPU (pytorch#149194; fwd+bwd 1.1-4.9x the unpacked
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from seqzoo.base import (
+from seqzoo.encoders.base import (
     Encoder,
     State,
     check_layer_dropout,

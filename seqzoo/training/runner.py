@@ -1,4 +1,4 @@
-"""Run a config end to end: seeds x folds sub-runs, each trained by :class:`seqzoo.training.Trainer`,
+"""Run a config end to end: seeds x folds sub-runs, each trained by :class:`seqzoo.training.trainer.Trainer`,
 then a ``summary.json`` with mean ± std of every test metric."""
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ from typing import Any
 
 import yaml
 
-from seqzoo.checkpoint import resolve_checkpoint
 from seqzoo.config import DATA_PATHS, ConfigError, RunConfig, apply_override, config_from_dict, config_to_dict
 from seqzoo.data.errors import DataError
 from seqzoo.data.io import atomic_write_text, read_json, read_text, write_json
-from seqzoo.rundir import check_run_dir, run_lock
-from seqzoo.training import Trainer, mean_std, set_seed, set_threads, stop_reason
+from seqzoo.training.checkpoint import resolve_checkpoint
+from seqzoo.training.devices import set_seed, set_threads
+from seqzoo.training.rundir import check_run_dir, run_lock
+from seqzoo.training.stats import per_seed, summarize
+from seqzoo.training.trainer import Trainer, stop_reason
 
 __all__ = ["completed_test_record", "find_runs", "load_task", "per_seed", "run", "run_root", "summarize"]
 
@@ -62,7 +64,7 @@ def completed_test_record(run_dir: Path) -> dict[str, Any] | None:
 def run(config: RunConfig, run_dir: str | Path, resume: bool = False) -> dict[str, Any]:
     """Train every (seed, fold) of ``config`` under ``run_dir`` and return the summary.
 
-    ``run_dir`` is locked while it trains (:func:`seqzoo.rundir.run_lock`): a second process asked to
+    ``run_dir`` is locked while it trains (:func:`seqzoo.training.rundir.run_lock`): a second process asked to
     train in it stops with a :class:`ConfigError` before it writes anything there.
     """
     run_dir = Path(run_dir)
@@ -109,37 +111,6 @@ def _run_locked(config: RunConfig, run_dir: Path, resume: bool) -> dict[str, Any
     check_run_dir(run_dir)
     write_json(run_dir / "summary.json", summary)
     return summary
-
-
-def per_seed(results: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
-    """Sub-run metrics (keyed by sub-run: ``.``, ``seed-N``, ``fold-K`` or ``seed-N/fold-K``) averaged
-    over the folds of each seed: the folds of one seed share its data and are no independent samples."""
-    groups: dict[str, list[dict[str, float]]] = {}
-    for name, metrics in results.items():
-        first = Path(name).parts[0] if Path(name).parts else "."
-        groups.setdefault(first if first.startswith("seed-") else ".", []).append(metrics)
-    means: dict[str, dict[str, float]] = {}
-    for seed, runs in groups.items():
-        values: dict[str, list[float]] = {}
-        for metrics in runs:  # numbers only (a hand-edited summary may hold others), over the runs that have them
-            for key, value in metrics.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    values.setdefault(key, []).append(value)
-        means[seed] = {key: v[0] if len(v) == 1 else sum(v) / len(v) for key, v in values.items()}
-    return means
-
-
-def summarize(results: dict[str, dict[str, float]]) -> dict[str, Any]:
-    """Mean ± sample std of each test metric over the seeds (each seed's folds averaged first,
-    :func:`per_seed`; the std of a single seed is None); ``runs`` keeps every sub-run's metrics."""
-    seeds = per_seed(results)
-    keys = sorted({k for r in seeds.values() for k in r})
-    stats = {}
-    for key in keys:
-        values = [r[key] for r in seeds.values() if key in r]
-        mean, std = mean_std(values)
-        stats[key] = {"mean": mean, "std": std if len(values) > 1 else None, "n": len(values)}  # None: JSON null
-    return {"runs": results, "metrics": stats}
 
 
 def format_summary(summary: dict[str, Any]) -> list[str]:

@@ -22,25 +22,25 @@ again. An epoch that the step budget cut short counts as done: to train on after
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import os
 import random
-import statistics
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 import torch
 import yaml
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from seqzoo.checkpoint import (
+from seqzoo.config import RunConfig, TrainConfig, config_to_dict
+from seqzoo.data.errors import DataError
+from seqzoo.data.io import atomic_write_text, read_json
+from seqzoo.training.checkpoint import (
     join_tensors,
     load_tensors,
     load_weights,
@@ -48,27 +48,13 @@ from seqzoo.checkpoint import (
     save_checkpoint_dir,
     split_tensors,
 )
-from seqzoo.config import ConfigError, OptimConfig, RunConfig, TrainConfig, config_to_dict
-from seqzoo.data.errors import DataError
-from seqzoo.data.io import atomic_write_text, read_json
-from seqzoo.plots import plot_curves
-from seqzoo.rundir import check_run_dir
+from seqzoo.training.devices import check_precision, model_device
+from seqzoo.training.optim import build_optimizer, scheduled_lr, update
+from seqzoo.training.plots import plot_curves
+from seqzoo.training.rundir import check_run_dir
+from seqzoo.training.task import StepLoss, Task
 
-__all__ = [
-    "StepLoss",
-    "Task",
-    "Trainer",
-    "TrainingError",
-    "autocast",
-    "build_optimizer",
-    "check_precision",
-    "model_device",
-    "resolve_device",
-    "scheduled_lr",
-    "set_seed",
-    "stop_reason",
-    "total_steps",
-]
+__all__ = ["TIMING_KEYS", "Trainer", "TrainingError", "stop_reason", "total_steps"]
 
 log = logging.getLogger("seqzoo")
 
@@ -81,162 +67,12 @@ class TrainingError(RuntimeError):
     """Training cannot go on (e.g. a non-finite loss); the last good checkpoint is kept."""
 
 
-class StepLoss(NamedTuple):
-    """What :meth:`Task.train_loss` returns for one batch."""
-
-    loss: Tensor  # to minimise: the mean over ``count`` units, auxiliary losses included
-    tokens: int  # tokens processed, for throughput
-    count: int  # units the loss is a mean over (examples, or target tokens), for epoch averages
-    auxiliary: float = 0.0  # the part of ``loss`` that is the model's regulariser, reported apart
-
-    @classmethod
-    def plus(cls, loss: Tensor, auxiliary: Tensor | None, tokens: int, count: int) -> StepLoss:
-        """``loss`` plus the model's regulariser ``auxiliary`` (e.g. the MZU's −λ·D; None: none)."""
-        if auxiliary is None:
-            return cls(loss, tokens, count)
-        return cls(loss + auxiliary, tokens, count, auxiliary.item())
-
-
-class Task(Protocol):
-    """What a recipe gives the trainer."""
-
-    model: nn.Module
-    metric: str  # dev metric used for model selection, e.g. "accuracy", "ppl", "bpc"
-    higher_is_better: bool
-
-    def train_batches(self, epoch: int) -> Sequence[Any]:
-        """The epoch's training batches; must depend only on the seed and ``epoch``."""
-
-    def train_loss(self, batch: Any) -> StepLoss:
-        """Loss to minimise for ``batch`` (auxiliary losses included), its tokens and its count."""
-
-    def evaluate(self, split: str) -> dict[str, float]:
-        """Metrics on ``split`` ("dev" or "test"), including ``self.metric``."""
-
-    def documents(self) -> dict[str, Any]:
-        """JSON documents saved beside the model (vocabulary, labels, ...)."""
-
-
-def resolve_device(spec: str) -> torch.device:
-    """``train.device`` as a torch device: "auto" is the GPU when torch sees one, else the CPU; a
-    CUDA device that is not there is a :class:`ConfigError` that says how to run on the CPU."""
-    if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(spec)
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0 or (device.index or 0) >= count:
-            raise ConfigError(
-                f"train.device is {spec!r} but torch sees {count} CUDA device(s) here; "
-                "run with --set train.device=cpu (or auto)"
-            )
-    return device
-
-
-#: ``train.precision``'s autocast dtype (None: no autocast).
-PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def check_precision(precision: str, device: torch.device) -> torch.dtype | None:
-    """``train.precision``'s autocast dtype on ``device``, or a :class:`ConfigError` where it cannot
-    run: float16 on the CPU (oneDNN has no float16 LSTM there; bfloat16 is the CPU's half
-    precision), bfloat16 on a GPU without it."""
-    if precision == "fp16" and device.type != "cuda":
-        raise ConfigError(f"train.precision fp16 needs a GPU, not {device}; on the CPU use bf16")
-    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ConfigError(f"train.precision bf16: {torch.cuda.get_device_name(device)} has no bfloat16; use fp16")
-    return PRECISIONS[precision]
-
-
-def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    """The context a training step's forward pass runs in: ``torch.autocast`` to ``precision``'s
-    dtype (:func:`check_precision`), or nothing for "fp32"."""
-    dtype = check_precision(precision, device)
-    return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
-
-
-def model_device(model: nn.Module) -> torch.device:
-    """Where ``model``'s parameters live (the CPU for a model without any)."""
-    param = next(model.parameters(), None)
-    return param.device if param is not None else torch.device("cpu")
-
-
-def set_seed(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def set_threads(cfg: TrainConfig) -> None:
-    """``torch.set_num_threads(cfg.threads)`` when the config names a thread count."""
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-
-
-def build_optimizer(params: Sequence[nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
-    params = [p for p in params if p.requires_grad]
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay)
-    if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay)
-    if cfg.optimizer == "rmsprop":
-        return torch.optim.RMSprop(
-            params, lr=cfg.lr, alpha=cfg.alpha, eps=cfg.eps, weight_decay=cfg.weight_decay, momentum=cfg.momentum
-        )
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    return torch.optim.Adagrad(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay)
-
-
-def scheduled_lr(cfg: OptimConfig, lr: float, step: int, total_steps: int) -> float:
-    """The learning rate of optimiser step ``step`` (0-based) of a run of ``total_steps`` steps.
-
-    ``lr`` is the epoch schedule's rate (``cfg.lr`` itself for "constant", "linear" and "cosine").
-    The step schedules decay it from the end of the warm-up to ``cfg.min_lr`` at ``total_steps``;
-    then the first ``cfg.warmup_steps`` steps scale it by (step + 1) / warmup_steps.
-    """
-    if cfg.schedule in ("linear", "cosine"):
-        progress = min(max(step - cfg.warmup_steps, 0) / max(total_steps - cfg.warmup_steps, 1), 1.0)
-        shape = 1.0 - progress if cfg.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
-        lr = cfg.min_lr + (lr - cfg.min_lr) * shape
-    if step < cfg.warmup_steps:
-        lr *= (step + 1) / cfg.warmup_steps
-    return lr
-
-
-def update(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    loss: Tensor,
-    clip_norm: float | None,
-    scaler: torch.amp.GradScaler | None = None,
-) -> float | None:
-    """One optimiser step on ``loss``: backward, gradient-norm clipping when ``clip_norm``, step.
-
-    With a ``scaler`` (float16 training) the loss is scaled before backward and the gradients
-    unscaled before clipping; a step whose gradients overflowed is skipped and the scale lowered.
-    Returns the total gradient norm before clipping (None when not clipping).
-    """
-    optimizer.zero_grad(set_to_none=True)
-    if scaler is None:
-        loss.backward()
-    else:
-        scaler.scale(loss).backward()
-        scaler.unscale_(optimizer)
-    norm = float(nn.utils.clip_grad_norm_(model.parameters(), clip_norm)) if clip_norm else None
-    if scaler is None:
-        optimizer.step()
-    else:
-        scaler.step(optimizer)
-        scaler.update()
-    return norm
-
-
 class Trainer:
     """Runs ``task`` under ``config`` and writes everything to ``run_dir``."""
 
     def __init__(self, config: RunConfig, task: Task, run_dir: str | Path) -> None:
         self.config, self.task, self.run_dir = config, task, Path(run_dir)
-        check_run_dir(self.run_dir)  # before anything is written (see seqzoo.rundir)
+        check_run_dir(self.run_dir)  # before anything is written (see seqzoo.training.rundir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.optimizer = build_optimizer(list(task.model.parameters()), config.optim)
         self.device = model_device(task.model)
@@ -636,14 +472,3 @@ def _int_keys(optim_state: dict[str, Any]) -> dict[str, Any]:
     """JSON turned the optimizer's integer parameter ids into strings; turn them back."""
     state = {int(k): v for k, v in optim_state["state"].items()}
     return {**optim_state, "state": state}
-
-
-def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (NaN for a single value: it has none), summed exactly
-    (``statistics`` works in rationals): equal values give exactly that value and 0, as Welch's test
-    needs (a float sum left 0.7 × 3 a spread of 1e-16, which gave p = 0.29 for two equal runs).
-    With a value that is not finite, the float formulas (an inf or NaN mean, NaN spread)."""
-    values = [float(v) for v in values]
-    if len(values) < 2 or not all(map(math.isfinite, values)):
-        return sum(values) / len(values), math.nan
-    return statistics.mean(values), statistics.stdev(values)

@@ -5,7 +5,7 @@ Bradbury, Merity, Xiong, Socher. "Quasi-Recurrent Neural Networks". ICLR 2017, s
 specification ``MODELS.md`` 1.7–1.9.
 
 * **Encoder**: a stack of fo-pooling QRNN layers over the source fed **reversed** (each row's
-  real tokens back to front), with **centred, unmasked** windows (:class:`~seqzoo.qrnn.QRNNLayer`
+  real tokens back to front), with **centred, unmasked** windows (:class:`~seqzoo.encoders.qrnn.QRNNLayer`
   with ``causal=False``). ``h̃_T^ℓ`` is layer ℓ's output at the row's last (reversed) position.
 * **Decoder layer ℓ** (eq. 7): masked convolution whose pre-activations get the encoder's
   final state of the same layer added, ``Z = tanh(W_z ∗ X + V_z h̃_T^ℓ)`` and likewise F and O.
@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqzoo.base import (
+from seqzoo.encoders.base import (
     check_arguments,
     check_padding_mask,
     check_rate,
@@ -47,9 +47,9 @@ from seqzoo.base import (
     module_mode,
     reverse_padded,
 )
-from seqzoo.baselines import LSTM
+from seqzoo.encoders.qrnn import QRNNLayer, last_inputs
+from seqzoo.encoders.rnn import LSTM
 from seqzoo.kernels import qrnn_pool, window_linear
-from seqzoo.qrnn import QRNNLayer, last_inputs
 
 __all__ = [
     "EncoderOutput",
@@ -260,7 +260,7 @@ class LSTMSeq2Seq(Seq2Seq):
     """LSTM encoder–decoder with dot-product attention, the QRNN paper's baseline (module docstring).
 
     ``dropout`` applies to embeddings, between layers and before the output layer (default 0.2,
-    the paper's baseline). The encoder and decoder are :class:`seqzoo.baselines.LSTM` stacks (torch's
+    the paper's baseline). The encoder and decoder are :class:`seqzoo.encoders.rnn.LSTM` stacks (torch's
     ``nn.LSTM``, packed over padding).
     """
 

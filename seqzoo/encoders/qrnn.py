@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from seqzoo.base import (
+from seqzoo.encoders.base import (
     Encoder,
     State,
     check_layer_dropout,

@@ -16,10 +16,10 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from seqzoo.base import module_mode
 from seqzoo.data.batching import pad_batch
-from seqzoo.plots import save_figure
-from seqzoo.training import model_device
+from seqzoo.encoders.base import module_mode
+from seqzoo.training.devices import model_device
+from seqzoo.training.plots import save_figure
 
 log = logging.getLogger("seqzoo")
 
@@ -37,7 +37,7 @@ class HiddenStates:
 
 @torch.no_grad()
 def hidden_states(task, text: str, channels: int | None = None) -> HiddenStates:
-    """Encode ``text`` with a trained task (``seqzoo.runner.load_task``) and keep its hidden states.
+    """Encode ``text`` with a trained task (``seqzoo.training.runner.load_task``) and keep its hidden states.
 
     The task must tokenise like the classification recipe (``tokenizer``, ``vocab``, ``config.data.max_len``)
     and its model embed then encode (``model.embedding``, ``model.encoder``). ``channels`` keeps the

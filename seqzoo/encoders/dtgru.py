@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqzoo.base import check_rate, register_encoder
-from seqzoo.recurrent import RecurrentCellEncoder, StepFn
+from seqzoo.encoders.base import check_rate, register_encoder
+from seqzoo.encoders.recurrent import RecurrentCellEncoder, StepFn
 
 __all__ = ["DeepTransitionGRU", "DeepTransitionGRUCell", "GRUCell", "LayerNormGRU"]
 
@@ -122,7 +122,7 @@ class DeepTransitionGRUCell(nn.Module):
 
         Returns the candidate ``h̃`` of every cell (T, K + 1, B, H) (depth 0: the GRU that reads
         ``x_t``; then the T-GRUs; in training, after dropout) and the state after each step
-        (T, B, H), as :meth:`MZUCell.trace <seqzoo.mzu.MZUCell.trace>` does.
+        (T, B, H), as :meth:`MZUCell.trace <seqzoo.encoders.mzu.MZUCell.trace>` does.
         """
         candidates, states = [], []
         for x_part in self.cells[0].x_proj(x):
@@ -143,7 +143,7 @@ class DeepTransitionGRU(RecurrentCellEncoder):
 
     State ``h`` (num_layers * directions, B, H). ``dropout`` is the candidate dropout;
     ``linear_gate=False`` drops the L-GRU's linear transformation gate (a plain GRU first).
-    ``compile_step``: the time loop's step through ``torch.compile`` (:mod:`seqzoo.recurrent`).
+    ``compile_step``: the time loop's step through ``torch.compile`` (:mod:`seqzoo.encoders.recurrent`).
     """
 
     def __init__(

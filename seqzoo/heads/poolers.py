@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from seqzoo.base import check_mask
+from seqzoo.encoders.base import check_mask
 
 __all__ = [
     "POOLERS",

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from seqzoo.base import Encoder, State, build_encoder, check_layer_dropout, register_encoder
+from seqzoo.encoders.base import Encoder, State, build_encoder, check_layer_dropout, register_encoder
 
 __all__ = ["DenseGRU", "DenseLSTM", "DenseStack"]
 

@@ -29,12 +29,12 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from seqzoo.base import module_mode
 from seqzoo.data.text import warn_outside_vocabulary
-from seqzoo.dtgru import DeepTransitionGRU
-from seqzoo.mzu import MZU, MFunction
-from seqzoo.plots import save_figure
-from seqzoo.training import model_device
+from seqzoo.encoders.base import module_mode
+from seqzoo.encoders.dtgru import DeepTransitionGRU
+from seqzoo.encoders.mzu import MZU, MFunction
+from seqzoo.training.devices import model_device
+from seqzoo.training.plots import save_figure
 
 __all__ = ["ZoneRelevance", "plot_zone_relevance", "relevance_matrix", "zone_relevance"]
 

@@ -1,4 +1,4 @@
-"""Run any recurrent cell over time under the :mod:`seqzoo.base` contract.
+"""Run any recurrent cell over time under the :mod:`seqzoo.encoders.base` contract.
 
 :class:`RecurrentCellEncoder` owns the machinery every hand-written recurrent encoder needs
 (the MZU, the layer-normalised GRU and the deep-transition GRU use it): the time loop,
@@ -46,7 +46,7 @@ import torch
 from torch import Tensor, nn
 
 from seqzoo._warn import warn_user
-from seqzoo.base import (
+from seqzoo.encoders.base import (
     Encoder,
     State,
     describe_state,

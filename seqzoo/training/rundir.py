@@ -59,7 +59,7 @@ def run_lock(run_dir: Path) -> Iterator[None]:
 
     Raises :class:`ConfigError` when another process holds it (a reader's momentary shared lock,
     :func:`training_pid`, is waited out for up to a second); within one process it is reentrant
-    (the CLI takes it before its checks, then :func:`seqzoo.runner.run` again). Where ``fcntl`` does
+    (the CLI takes it before its checks, then :func:`seqzoo.training.runner.run` again). Where ``fcntl`` does
     not exist (Windows) runs are not locked; where the file system refuses locks (some network
     mounts) a warning says that the run is not guarded.
     """

@@ -1,0 +1,1 @@
+"""Analyses of trained runs: hidden states (QRNN paper Figure 3) and zones (MZU paper Figure 3)."""

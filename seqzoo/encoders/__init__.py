@@ -1,0 +1,1 @@
+"""Encoders: the contract and registry (``base``), the recurrent core and one module per family."""

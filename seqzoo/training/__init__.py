@@ -1,0 +1,1 @@
+"""Training infrastructure: the trainer, run directories, checkpoints, statistics and plots."""
