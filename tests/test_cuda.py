@@ -168,7 +168,7 @@ def test_qrnn_under_autocast_on_cuda_follows_float32(dtype):
 def test_every_encoder_under_cuda_autocast_follows_float32(case, dtype, full_float32):
     """Half-precision input (what a layer before the encoder gives under autocast), padded, forward
     and backward on CUDA: finite, zero at the pads and near the float32 run on the same (rounded)
-    input. On the CPU this crashed the DT-GRU and GRU+LN in bfloat16 until session 37. The MZU's
+    input. On the CPU this once crashed the DT-GRU and GRU+LN in bfloat16. The MZU's
     gradients are not compared: at such sizes they are ill-conditioned (on the CPU, rounding the
     input alone to bfloat16 moved some of them by up to 98 % in float32 arithmetic); test_mzu
     checks its autocast run exactly, on CUDA too."""
@@ -191,7 +191,7 @@ def test_every_encoder_under_cuda_autocast_follows_float32(case, dtype, full_flo
 @pytest.mark.parametrize("name", ["lstm", "gru"])
 def test_lstm_gru_dtype_under_cuda_autocast_does_not_depend_on_the_mask(name, dtype):
     """Under CUDA autocast cuDNN runs both the all-real and the packed (padded) path in half
-    precision, so the CPU's widening of the all-real path to float32 (session 40) must stay off here."""
+    precision, so the CPU's widening of the all-real path to float32 must stay off here."""
     encoder = _encoder(name, {"num_layers": 2}).cuda()
     x = torch.randn(3, 7, 6, device="cuda")
     dtypes = set()

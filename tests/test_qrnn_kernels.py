@@ -530,7 +530,7 @@ def test_compiled_pool_scales_a_keep_mask_by_keep_prob_like_the_reference(poolin
 def test_dc0_is_right_when_the_c_last_gradient_arrives_transposed(interpreted_triton):
     """A loss through c_last.t() hands the backward a dc_last with strides (1, B); the kernel
     writes dc0 contiguous (b * H + col), so dc0 must be allocated so (it was empty_like(dc_last),
-    and dL/dc0 came back scrambled, silently: session 41)."""
+    and dL/dc0 came back scrambled, silently)."""
     gates, lengths, c0, kwargs = _inputs("fo", "none", torch.float64, shape=(3, 5, 4))
     weight = torch.randn(4, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
 

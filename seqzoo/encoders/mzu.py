@@ -220,7 +220,7 @@ class MFunction(nn.Module):
         # The biases start at zero, as the GRU baselines' do. With torch's random ones the constant
         # path through the three stacked linears dominated: at initialisation two different inputs
         # gave M outputs with cosine 0.98 after LN (0.35 with zero biases), and the capMZU+DT
-        # learnt more slowly (session 32; docs/results.md).
+        # learnt more slowly (docs/results.md, "Character LM: Brown (MZU)").
         for linear in (self.ffn[0], self.ffn[2], self.out):
             nn.init.zeros_(linear.bias)
         self.norm = nn.LayerNorm(hidden_size, eps=1e-6) if layer_norm else nn.Identity()
