@@ -651,3 +651,37 @@ def test_qrnn_pool_checks_arguments_before_triton(routed_to_triton):
         qrnn_pool(gates, lengths[:-1], c0, pooling="fo")
     with pytest.raises(ValueError, match="keep must be"):
         qrnn_pool(gates, lengths, c0, pooling="fo", keep=torch.ones(3, 9, 19, dtype=torch.bool))
+
+
+def _kernel_imports() -> dict[str, set[str]]:
+    """{module: the seqzoo.kernels modules it imports, at top level or inside functions} for seqzoo/kernels/*.py."""
+    import ast
+    from pathlib import Path
+
+    import seqzoo.kernels
+
+    folder = Path(seqzoo.kernels.__file__).parent
+    graph = {}
+    for path in folder.glob("*.py"):
+        name = "seqzoo.kernels" if path.stem == "__init__" else f"seqzoo.kernels.{path.stem}"
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                found.add(node.module)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+        graph[name] = {m for m in found if m.startswith("seqzoo.kernels")}
+    return graph
+
+
+def test_the_kernel_modules_import_one_way():
+    """The reference imports no fast path, the Triton kernel not the dispatcher: no import cycle."""
+    graph = _kernel_imports()
+    assert graph["seqzoo.kernels.qrnn_pool_reference"] == set()
+    assert graph["seqzoo.kernels.qrnn_pool_triton"] == {"seqzoo.kernels.qrnn_pool_reference"}
+    assert "seqzoo.kernels.qrnn_pool_reference" in graph["seqzoo.kernels.qrnn_pool"]
+
+    def reaches(start: str, goal: str, seen: frozenset = frozenset()) -> bool:
+        return any(m == goal or (m not in seen and reaches(m, goal, seen | {m})) for m in graph.get(start, ()))
+
+    assert not [m for m in graph if reaches(m, m)], "an import cycle among seqzoo/kernels/*.py"

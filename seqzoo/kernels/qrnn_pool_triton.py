@@ -17,7 +17,7 @@ import contextlib
 import torch
 from torch import Tensor
 
-from seqzoo.kernels.qrnn_pool import qrnn_pool_reference, reference_gradients
+from seqzoo.kernels.qrnn_pool_reference import qrnn_pool_reference, reference_gradients
 
 try:
     import triton
