@@ -68,6 +68,8 @@ class Encoder(nn.Module):
     stateful: bool = True
     #: Attributes that ``repr`` shows after the sizes (each encoder names its own hyperparameters).
     repr_fields: tuple[str, ...] = ()
+    #: Size G of :meth:`global_state`'s vector; None where the encoder keeps no global state.
+    global_size: int | None = None
 
     def __init__(self, input_size: int, hidden_size: int, *, bidirectional: bool = False) -> None:
         super().__init__()
@@ -113,6 +115,12 @@ class Encoder(nn.Module):
 
     def auxiliary_loss(self) -> Tensor | None:
         """Regulariser from the last forward pass, to be *added* to the loss (None if none)."""
+        return None
+
+    def global_state(self, state: State) -> Tensor | None:
+        """A (B, G) vector summarising the sequence that the encoder keeps besides its outputs, e.g. the
+        S-LSTM's global node g, read from the ``final_state`` that ``forward`` returned; None where it
+        keeps none (G is :attr:`global_size`). Poolers such as ``"meanmaxglobal"`` take it as ``final``."""
         return None
 
 
