@@ -5,7 +5,7 @@ Contract (README "The encoder contract", MODELS.md "Decisions" 6)::
     outputs, final_state = encoder(x, mask=None, state=None)
     x        (B, T, input_size) float
     mask     (B, T) bool, True = real token, right-padded (each row is a prefix of Trues);
-             None means every position is real
+             None (``encoder(x)``, as with ``nn.LSTM``) means every position is real
     state    encoder-specific carried state (a tensor, a tuple of tensors or None); None = zeros
     outputs  (B, T, output_size); positions where mask is False are exactly zero
     final_state  the state after the last *real* token of each row, in the same format as
