@@ -3,6 +3,8 @@
 from seqzoo.encoders.base import Encoder, available_encoders, build_encoder, detach_state, register_encoder
 from seqzoo.encoders.dense import DenseGRU, DenseLSTM, DenseStack
 from seqzoo.encoders.dtgru import DeepTransitionGRU, LayerNormGRU
+from seqzoo.encoders.hyper_lstm import HyperLSTM
+from seqzoo.encoders.meta_lstm import MetaLSTM
 from seqzoo.encoders.mzu import MZU
 from seqzoo.encoders.qrnn import QRNN
 from seqzoo.encoders.rnn import GRU, LSTM, TransformerEncoder
@@ -20,7 +22,9 @@ __all__ = [
     "DenseLSTM",
     "DenseStack",
     "Encoder",
+    "HyperLSTM",
     "LayerNormGRU",
+    "MetaLSTM",
     "TransformerEncoder",
     "available_encoders",
     "build_encoder",
