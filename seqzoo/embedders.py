@@ -23,9 +23,11 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-__all__ = ["CHAR_ENCODERS", "CharCNN", "CharLSTM", "TokenEmbedder"]
+__all__ = ["CHAR_ENCODERS", "CHAR_KEYS", "CharCNN", "CharLSTM", "TokenEmbedder"]
 
 CHAR_ENCODERS = ("none", "cnn", "lstm")
+#: The ``model`` config keys of the character features, read by every recipe that embeds with a TokenEmbedder.
+CHAR_KEYS = frozenset({"char_encoder", "char_embedding_dim", "char_hidden_size", "char_kernel_size"})
 
 
 class CharCNN(nn.Module):
@@ -82,9 +84,11 @@ class CharLSTM(nn.Module):
 class TokenEmbedder(nn.Module):
     """Word ids (B, T) [+ char ids (B, T, C)] -> (B, T, output_size): [word vector; char feature].
 
-    ``vectors`` (vocab_size, embedding_dim): the word table's initial values (else N(0, 1) with a
-    zero ``<pad>`` row, as ``nn.Embedding``); ``freeze`` keeps the table fixed. ``char_encoder``
-    ``"none"`` takes no char ids; ``"cnn"`` / ``"lstm"`` need ``num_chars`` (the char vocabulary's size).
+    The word table is :attr:`weight` (vocab_size, embedding_dim), named and initialised as
+    ``nn.Embedding``'s (N(0, 1), a zero ``<pad>`` row), so a model that swaps its ``nn.Embedding``
+    for a TokenEmbedder keeps its parameter names. ``vectors``: the table's initial values instead;
+    ``freeze`` keeps the table fixed. ``char_encoder`` ``"none"`` takes no char ids; ``"cnn"`` and
+    ``"lstm"`` need ``num_chars`` (the char vocabulary's size); their weights are under ``chars``.
     """
 
     def __init__(
@@ -101,13 +105,14 @@ class TokenEmbedder(nn.Module):
         char_kernel_size: int = 3,
     ) -> None:
         super().__init__()
-        self.word = nn.Embedding(vocab_size, embedding_dim, padding_idx=0)
-        if vectors is not None:
-            if tuple(vectors.shape) != (vocab_size, embedding_dim):
-                raise ValueError(f"vectors of shape {tuple(vectors.shape)}, expected {(vocab_size, embedding_dim)}")
-            with torch.no_grad():
-                self.word.weight.copy_(vectors)
-        self.word.weight.requires_grad_(not freeze)
+        self.weight = nn.Parameter(torch.empty(vocab_size, embedding_dim), requires_grad=not freeze)
+        if vectors is not None and tuple(vectors.shape) != (vocab_size, embedding_dim):
+            raise ValueError(f"vectors of shape {tuple(vectors.shape)}, expected {(vocab_size, embedding_dim)}")
+        with torch.no_grad():  # drawn even under vectors, so that the random draws after it do not depend on them
+            nn.init.normal_(self.weight)
+            self.weight[0].zero_()
+            if vectors is not None:
+                self.weight.copy_(vectors)
         self.chars: CharCNN | CharLSTM | None
         if char_encoder == "none":
             self.chars = None
@@ -122,14 +127,18 @@ class TokenEmbedder(nn.Module):
     @property
     def embedding_dim(self) -> int:
         """The word vectors' size."""
-        return self.word.embedding_dim
+        return self.weight.shape[1]
 
     @property
     def output_size(self) -> int:
         return self.embedding_dim + (0 if self.chars is None else self.chars.output_size)
 
+    def words(self, ids: Tensor) -> Tensor:
+        """The word vectors alone, (B, T, embedding_dim)."""
+        return nn.functional.embedding(ids, self.weight, padding_idx=0)
+
     def forward(self, ids: Tensor, chars: Tensor | None = None) -> Tensor:
-        words = self.word(ids)  # (B, T, E)
+        words = self.words(ids)  # (B, T, E)
         if self.chars is None:
             if chars is not None:
                 raise ValueError("this embedder has no character features (char_encoder 'none'): pass no char ids")
@@ -139,3 +148,6 @@ class TokenEmbedder(nn.Module):
             raise ValueError(f"char ids must be (B, T, C) with (B, T) = {tuple(ids.shape)}, got {got}")
         features = self.chars(chars.reshape(-1, chars.shape[-1]))  # (B*T, F)
         return torch.cat([words, features.view(*ids.shape, -1).to(words.dtype)], dim=-1)  # (B, T, E + F)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, {self.embedding_dim}, char_encoder={self.char_encoder!r}"

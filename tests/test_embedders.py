@@ -60,11 +60,11 @@ def test_pretrained_vectors_frozen_get_no_gradient():
     tuned = TokenEmbedder(11, 5, vectors=vectors, char_encoder="cnn", num_chars=NUM_CHARS)
     ids, chars = _batch()
     for embedder in (frozen, tuned):
-        torch.testing.assert_close(embedder.word.weight, vectors, rtol=0, atol=0)
+        torch.testing.assert_close(embedder.weight, vectors, rtol=0, atol=0)
         embedder(ids, chars).sum().backward()
         assert embedder.chars.conv.weight.grad is not None
-    assert frozen.word.weight.grad is None
-    assert tuned.word.weight.grad is not None and tuned.word.weight.grad[3].ne(0).all()
+    assert frozen.weight.grad is None
+    assert tuned.weight.grad is not None and tuned.weight.grad[3].ne(0).all()
     with pytest.raises(ValueError, match=r"vectors of shape \(11, 4\), expected \(11, 5\)"):
         TokenEmbedder(11, 5, vectors=torch.zeros(11, 4))
 
@@ -162,3 +162,14 @@ def test_char_cnn_float32_is_float64_up_to_rounding():
     magnitude = conv.weight.abs().sum((1, 2)).max() * table.abs().max() + conv.bias.abs().max()
     single = embedder.float()(ids, chars)[..., 5:].double()
     assert (single - exact).abs().max() <= 2 * terms * torch.finfo(torch.float32).eps * magnitude.detach()
+
+
+def test_word_table_is_named_and_drawn_as_nn_embeddings():
+    """A model that swaps its nn.Embedding for a TokenEmbedder keeps its parameter names (old checkpoints
+    load) and, from one seed, its initial weights."""
+    torch.manual_seed(3)
+    table = torch.nn.Embedding(7, 4, padding_idx=0).state_dict()
+    torch.manual_seed(3)
+    embedder = TokenEmbedder(7, 4, char_encoder="cnn", num_chars=NUM_CHARS)
+    assert set(table) == {name for name in embedder.state_dict() if not name.startswith("chars.")}
+    torch.testing.assert_close(embedder.weight, table["weight"], rtol=0, atol=0)
