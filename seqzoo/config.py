@@ -146,15 +146,24 @@ class TranslationDataConfig:
 class ModelConfig:
     encoder: str = "lstm"
     encoder_args: dict[str, Any] = field(default_factory=lambda: {"hidden_size": 128, "bidirectional": True})
-    pooler: Literal["last", "mean", "max", "meanmax", "attention"] = "mean"
+    pooler: Literal["last", "mean", "max", "meanmax", "meanmaxglobal", "attention"] = "mean"
     mlp_hidden: list[int] = field(default_factory=list)
     embedding_dropout: float = 0.0
     dropout: float = 0.5  # before the classifier / output layer
     tie_weights: bool = False  # language models: share input embedding and softmax weights
     embedding_init: float = 0.1  # language models: the input embedding starts as U(-a, a)
+    # Character features concatenated to each word vector (seqzoo.embedders.TokenEmbedder): a char-CNN
+    # (char_hidden_size filters of width char_kernel_size) or a char-BiLSTM (char_hidden_size / 2 per direction).
+    char_encoder: Literal["none", "cnn", "lstm"] = "none"
+    char_embedding_dim: int = 25
+    char_hidden_size: int = 50
+    char_kernel_size: int = 3
 
     def __post_init__(self) -> None:
-        _require(self, positive=("mlp_hidden", "embedding_init"), rate=("embedding_dropout", "dropout"))
+        sizes = ("mlp_hidden", "embedding_init", "char_embedding_dim", "char_hidden_size", "char_kernel_size")
+        _require(self, positive=sizes, rate=("embedding_dropout", "dropout"))
+        if self.char_encoder == "lstm" and self.char_hidden_size % 2:
+            raise ConfigError(f"char_hidden_size: must be even with char_encoder lstm, got {self.char_hidden_size}")
 
 
 @dataclass
