@@ -1,6 +1,7 @@
 """Aspect-based sentiment recipe of the MZU paper (after Tang et al. 2016; MODELS.md 4.6).
 
-Model: sentence ids -> embedding -> any registered encoder (the paper: a bidirectional MZU+DT
+Model: sentence ids -> token embedder (word vectors, plus character features with
+``model.char_encoder``) -> any registered encoder (the paper: a bidirectional MZU+DT
 or DT-GRU, i.e. ``encoder_args={"bidirectional": True, ...}``) -> pooling over the real outputs
 (``model.pooler``, the paper's is mean) -> concatenated with the aspect embedding (mean of the
 aspect's word embeddings, from the same embedding table) -> linear -> logits over
@@ -24,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +36,7 @@ from seqzoo.data.absa import POLARITIES, AspectExample, hard_subset, hold_out_se
 from seqzoo.data.batching import bucket_batches, pad_batch
 from seqzoo.data.errors import DataError
 from seqzoo.data.text import Tokenizer, Vocab
+from seqzoo.embedders import TokenEmbedder
 from seqzoo.encoders.base import build_encoder, module_mode
 from seqzoo.heads.poolers import build_pooler
 from seqzoo.tasks.common import accuracy_and_loss, class_probabilities, epoch_seed, pretrained_vectors
@@ -90,7 +92,12 @@ def make_batch(examples: Sequence[AspectExample], vocab: Vocab, tokenizer: Token
 
 
 class AspectSentimentClassifier(nn.Module):
-    """(ids, mask, aspect_ids, aspect_mask) -> polarity logits (B, num_classes)."""
+    """(ids, mask, aspect_ids, aspect_mask[, sentence char ids (B, T, C)]) -> polarity logits (B, num_classes).
+
+    The sentence is embedded by a :class:`~seqzoo.embedders.TokenEmbedder` (word vectors, initially
+    ``vectors``, plus the ``char_encoder``'s features where it has one); the aspect is the mean of
+    its words' vectors from the same word table.
+    """
 
     def __init__(
         self,
@@ -102,20 +109,36 @@ class AspectSentimentClassifier(nn.Module):
         dropout: float = 0.0,
         embedding_dropout: float = 0.0,
         pooler: str = "mean",
+        *,
+        vectors: Tensor | None = None,
+        freeze_embeddings: bool = False,
+        char_encoder: Literal["none", "cnn", "lstm"] = "none",
+        num_chars: int = 0,
+        char_embedding_dim: int = 25,
+        char_hidden_size: int = 50,
+        char_kernel_size: int = 3,
     ) -> None:
         super().__init__()
-        self.embedding = nn.Embedding(vocab_size, embedding_dim, padding_idx=0)
+        self.embedding = TokenEmbedder(
+            vocab_size, embedding_dim, vectors=vectors, freeze=freeze_embeddings, char_encoder=char_encoder,
+            num_chars=num_chars, char_embedding_dim=char_embedding_dim, char_hidden_size=char_hidden_size,
+            char_kernel_size=char_kernel_size,
+        )  # fmt: skip
         self.embedding_dropout = nn.Dropout(embedding_dropout)
-        self.encoder = build_encoder(encoder, **with_recipe_arguments(encoder_args or {}, input_size=embedding_dim))
-        self.sentence_pool = build_pooler(pooler, self.encoder.output_size, self.encoder.bidirectional)
+        size = self.embedding.output_size
+        self.encoder = build_encoder(encoder, **with_recipe_arguments(encoder_args or {}, input_size=size))
+        out = self.encoder
+        self.sentence_pool = build_pooler(pooler, out.output_size, out.bidirectional, out.global_size)
         self.aspect_pool = build_pooler("mean", embedding_dim)
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(self.sentence_pool.output_size + embedding_dim, num_classes)
 
-    def forward(self, ids: Tensor, mask: Tensor, aspect_ids: Tensor, aspect_mask: Tensor) -> Tensor:
-        outputs, _ = self.encoder(self.embedding_dropout(self.embedding(ids)), mask)  # (B, T, H)
-        sentence = self.sentence_pool(outputs, mask)  # (B, P)
-        aspect = self.aspect_pool(self.embedding(aspect_ids), aspect_mask)  # (B, E)
+    def forward(
+        self, ids: Tensor, mask: Tensor, aspect_ids: Tensor, aspect_mask: Tensor, chars: Tensor | None = None
+    ) -> Tensor:
+        outputs, state = self.encoder(self.embedding_dropout(self.embedding(ids, chars)), mask)  # (B, T, H)
+        sentence = self.sentence_pool(outputs, mask, self.encoder.global_state(state))  # (B, P)
+        aspect = self.aspect_pool(self.embedding.words(aspect_ids), aspect_mask)  # (B, E)
         return self.classifier(self.dropout(torch.cat([sentence, aspect], dim=-1)))
 
     def auxiliary_loss(self) -> Tensor | None:

@@ -1,4 +1,4 @@
-"""Text classification recipe: embedding -> any registered encoder -> pooler -> MLP -> softmax.
+"""Text classification recipe: token embedder -> any registered encoder -> pooler -> MLP -> softmax.
 
 Data: Fudan multi-task format (``LABEL<TAB>TEXT``), see :mod:`seqzoo.data.classification`.
 Splits: a missing dev split is held out of train (``data.dev_fraction``); a missing test split
@@ -20,6 +20,7 @@ from seqzoo.data.batching import bucket_batches, pad_batch
 from seqzoo.data.classification import ClassificationData, LabeledText, LabelSet, bundled_corpus_dir
 from seqzoo.data.errors import DataError
 from seqzoo.data.text import Tokenizer, Vocab
+from seqzoo.embedders import TokenEmbedder
 from seqzoo.encoders.base import build_encoder, module_mode
 from seqzoo.heads.poolers import build_pooler
 from seqzoo.tasks.common import accuracy_and_loss, class_probabilities, epoch_seed, pretrained_vectors
@@ -30,17 +31,34 @@ __all__ = ["ClassificationTask", "TextClassifier", "build_tasks", "load_data", "
 
 
 class TextClassifier(nn.Module):
-    """Embedding (B, T) -> encoder (B, T, H) -> pooler (B, P) -> MLP -> logits (B, C)."""
+    """Token embedder (B, T) [+ char ids (B, T, C)] -> encoder (B, T, H) -> pooler (B, P) -> MLP -> logits (B, C).
+
+    ``vectors``: the word table's initial values; ``num_chars``: the char vocabulary's size, when
+    ``cfg.char_encoder`` adds character features (see :class:`~seqzoo.embedders.TokenEmbedder`).
+    """
 
     def __init__(
-        self, vocab_size: int, embedding_dim: int, num_classes: int, cfg: ModelConfig, freeze_embeddings: bool = False
+        self,
+        vocab_size: int,
+        embedding_dim: int,
+        num_classes: int,
+        cfg: ModelConfig,
+        freeze_embeddings: bool = False,
+        *,
+        vectors: Tensor | None = None,
+        num_chars: int = 0,
     ) -> None:
         super().__init__()
-        self.embedding = nn.Embedding(vocab_size, embedding_dim, padding_idx=0)
-        self.embedding.weight.requires_grad_(not freeze_embeddings)
+        self.embedding = TokenEmbedder(
+            vocab_size, embedding_dim, vectors=vectors, freeze=freeze_embeddings, char_encoder=cfg.char_encoder,
+            num_chars=num_chars, char_embedding_dim=cfg.char_embedding_dim, char_hidden_size=cfg.char_hidden_size,
+            char_kernel_size=cfg.char_kernel_size,
+        )  # fmt: skip
         self.embedding_dropout = nn.Dropout(cfg.embedding_dropout)
-        self.encoder = build_encoder(cfg.encoder, **with_recipe_arguments(cfg.encoder_args, input_size=embedding_dim))
-        self.pooler = build_pooler(cfg.pooler, self.encoder.output_size, self.encoder.bidirectional)
+        size = self.embedding.output_size
+        self.encoder = build_encoder(cfg.encoder, **with_recipe_arguments(cfg.encoder_args, input_size=size))
+        encoder = self.encoder
+        self.pooler = build_pooler(cfg.pooler, encoder.output_size, encoder.bidirectional, encoder.global_size)
         layers: list[nn.Module] = []
         width = self.pooler.output_size
         for hidden in cfg.mlp_hidden:
@@ -49,10 +67,10 @@ class TextClassifier(nn.Module):
         layers += [nn.Dropout(cfg.dropout), nn.Linear(width, num_classes)]
         self.head = nn.Sequential(*layers)
 
-    def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
-        x = self.embedding_dropout(self.embedding(ids))  # (B, T, E)
-        outputs, _ = self.encoder(x, mask)  # (B, T, H)
-        return self.head(self.pooler(outputs, mask))  # (B, C)
+    def forward(self, ids: Tensor, mask: Tensor, chars: Tensor | None = None) -> Tensor:
+        x = self.embedding_dropout(self.embedding(ids, chars))  # (B, T, E)
+        outputs, state = self.encoder(x, mask)  # (B, T, H)
+        return self.head(self.pooler(outputs, mask, self.encoder.global_state(state)))  # (B, C)
 
     def auxiliary_loss(self) -> Tensor | None:
         return self.encoder.auxiliary_loss()
