@@ -1,6 +1,7 @@
 """seqzoo: advanced sequence encoders (QRNN, MZU; S-LSTM and Meta-LSTM on the roadmap) and their baselines."""
 
 from seqzoo.encoders.base import Encoder, available_encoders, build_encoder, detach_state, register_encoder
+from seqzoo.encoders.dagrn import DAGRN
 from seqzoo.encoders.dense import DenseGRU, DenseLSTM, DenseStack
 from seqzoo.encoders.dtgru import DeepTransitionGRU, LayerNormGRU
 from seqzoo.encoders.hyper_lstm import HyperLSTM
@@ -8,15 +9,18 @@ from seqzoo.encoders.meta_lstm import MetaLSTM
 from seqzoo.encoders.mzu import MZU
 from seqzoo.encoders.qrnn import QRNN
 from seqzoo.encoders.rnn import GRU, LSTM, TransformerEncoder
+from seqzoo.encoders.slstm import SLSTM
 from seqzoo.heads.poolers import build_pooler
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DAGRN",
     "GRU",
     "LSTM",
     "MZU",
     "QRNN",
+    "SLSTM",
     "DeepTransitionGRU",
     "DenseGRU",
     "DenseLSTM",
