@@ -4,6 +4,8 @@ import math
 
 import pytest
 import torch
+from conftest import needs_cxx, no_eager_fallback
+from torch._dynamo.utils import counters
 
 from seqzoo import build_encoder
 from seqzoo.encoders.meta_lstm import MetaLSTM, materialized_reference
@@ -153,3 +155,24 @@ def test_a_shared_meta_cell_must_fit_the_layers():
 def test_invalid_meta_vector_options_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         build_encoder("meta_lstm", 5, hidden_size=7, **kwargs)
+
+
+@needs_cxx
+def test_compiled_steps_equal_eager_ones_with_one_graph_for_every_layer_and_direction():
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(5)
+    eager = MetaLSTM(5, 8, num_layers=2, bidirectional=True, **SIZES)
+    compiled = MetaLSTM(5, 8, num_layers=2, bidirectional=True, compile_step=True, **SIZES)
+    compiled.load_state_dict(eager.state_dict())
+    x = torch.randn(3, 6, 5)
+    mask = torch.arange(6) < torch.tensor([6, 4, 1]).unsqueeze(1)
+    results = []
+    for encoder in (eager, compiled):
+        with no_eager_fallback():
+            out, state = encoder(x, mask)
+        loss = out.pow(2).sum() + sum(part.sum() for part in state)
+        results.append([out, *state, *torch.autograd.grad(loss, list(encoder.parameters()))])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 1
