@@ -33,9 +33,14 @@ FIXED_ON_RESUME = (
 
 
 def _train(args: argparse.Namespace) -> int:
-    from seqzoo.training.rundir import new_run_dir, run_lock
+    from seqzoo.training.distributed import init_from_env, is_main, launch, main_rank_lock, on_main
+    from seqzoo.training.rundir import new_run_dir
     from seqzoo.training.runner import format_summary, run
 
+    if args.nproc is not None:  # this command again, as N data-parallel processes started by torchrun
+        if args.nproc < 1:
+            raise ConfigError(f"--nproc must be >= 1, got {args.nproc}")
+        return launch(args.nproc, _torchrun_argv(args))
     if args.resume:
         if args.config or args.run_dir:  # the run's own config.yaml is used, in its own directory
             given = "a config file" if args.config else "--run-dir"
@@ -46,13 +51,16 @@ def _train(args: argparse.Namespace) -> int:
             raise ConfigError(f"{run_dir}: not a run directory (no config.yaml)")
         _refuse_part_of_a_run(run_dir, "resume that (--resume {root})")
         config = load_config(stored, args.set, resolved=True)
+        init_from_env(config.train)  # under torchrun: join the job's process group (docs/distributed.md)
     else:
         config = load_config(args.config or DEFAULT_CONFIG, args.set)
-        run_dir = Path(args.run_dir) if args.run_dir else new_run_dir(config.output_dir, config.name)
+        init_from_env(config.train)
+        # A data-parallel job's rank 0 claims its directory, for all its ranks.
+        run_dir = Path(args.run_dir) if args.run_dir else on_main(lambda: new_run_dir(config.output_dir, config.name))
         _refuse_part_of_a_run(run_dir, "train in a directory of its own")
         run_dir.mkdir(parents=True, exist_ok=True)
-    with run_lock(run_dir):  # the checks below see the directory as no other training will change it
-        if _has_trained(run_dir):
+    with main_rank_lock(run_dir):  # the checks below see the directory as no other training will change it
+        if is_main() and _has_trained(run_dir):  # (the other ranks of a job: rank 0 may be writing there now)
             if not args.resume:
                 raise ConfigError(
                     f"{run_dir} holds a trained run: resume it (--resume {run_dir}) or pick another --run-dir"
@@ -63,12 +71,23 @@ def _train(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             print(f"seqzoo: interrupted; continue with: seqzoo train --resume {run_dir}", file=sys.stderr)
             return 130
+    if not is_main():  # rank 0 reports for the job
+        return 0
     print("\n".join(format_summary(summary)))
     plots = sorted(str(p) for p in run_dir.rglob("*.png"))
     print(f"run directory: {run_dir}")
     if plots:
         print("plots: " + ", ".join(plots))
     return 0
+
+
+def _torchrun_argv(args: argparse.Namespace) -> list[str]:
+    """The ``seqzoo`` arguments that ``train --nproc N`` hands each process (the same, without ``--nproc``)."""
+    argv = [f"--import={name}" for name in args.imports]
+    argv += [f"--threads={args.threads}"] if args.threads is not None else []
+    argv += ["train", *([args.config] if args.config else []), *(f"--set={item}" for item in args.set)]
+    argv += [f"--run-dir={args.run_dir}"] if args.run_dir else []
+    return argv + ([f"--resume={args.resume}"] if args.resume else [])
 
 
 def _refuse_part_of_a_run(run_dir: Path, advice: str) -> None:
@@ -340,6 +359,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RUN_DIR",
         help="continue a run from its last/ checkpoint: an interrupted one, or one given more epochs or a "
         "relaxed early stopping with --set",
+    )
+    train.add_argument(
+        "--nproc",
+        type=int,
+        metavar="N",
+        help="data-parallel training in N processes on this node, started by torchrun (gloo on the CPU, NCCL on "
+        "GPUs; train.batch_size is per process); several nodes: torchrun ... -m seqzoo train (docs/distributed.md)",
     )
     train.set_defaults(func=_train)
     evaluate = sub.add_parser("evaluate", help="evaluate the best checkpoint(s) of a run")

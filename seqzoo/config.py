@@ -211,9 +211,14 @@ class TrainConfig:
     # Training steps' forward pass under torch.autocast: "bf16", "fp16" (a GPU only; with loss
     # scaling), or "fp32" (none). Weights, optimiser state and evaluation stay in float32.
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    # Data-parallel runs (torchrun; docs/distributed.md): DDP's find_unused_parameters, for models whose
+    # forward leaves some parameters out on some steps; seconds a collective waits for a silent rank.
+    find_unused_parameters: bool = False
+    dist_timeout: int = 600
 
     def __post_init__(self) -> None:
         names = ("epochs", "max_steps", "batch_size", "eval_batch_size", "patience", "threads", "log_every")
+        names += ("dist_timeout",)
         _require(self, positive=names, non_negative=("checkpoint_every",))
         if len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"seeds: each seed once, got {self.seeds}")

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["bucket_batches", "pad_batch"]
+__all__ = ["bucket_batches", "pad_batch", "shard_batches"]
 
 
 def pad_batch(
@@ -66,3 +66,17 @@ def bucket_batches(
     if shuffle:
         rng.shuffle(batches)
     return batches
+
+
+def shard_batches(batches: Sequence[Sequence[int]], rank: int, world_size: int) -> list[list[int]]:
+    """Rank ``rank``'s part of each of ``batches`` in data-parallel training over ``world_size`` ranks.
+
+    Each batch (of example indices, e.g. from :func:`bucket_batches` with the global batch size) is
+    dealt out in turn: rank ``r`` gets its items ``r, r + world_size, ...``, so the parts differ in
+    size by at most one. A batch with fewer than ``world_size`` items is dropped (no rank may get
+    an empty batch): every rank gets the same number of batches, so none waits on an all-reduce
+    that another never joins. The result is a pure function of the arguments.
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    return [list(batch[rank::world_size]) for batch in batches if len(batch) >= world_size]

@@ -175,6 +175,17 @@ class LMTask:
         """Window indices in stream order (TBPTT needs them sequential); the same every epoch."""
         return list(range(len(self._chunks)))
 
+    def shard_train(self, rank: int, world_size: int) -> None:
+        """Data-parallel training (:mod:`seqzoo.training.distributed`): this rank trains on streams
+        ``rank * B .. (rank + 1) * B - 1`` of the train split cut into ``B * world_size`` streams
+        (B = ``data.batch_size``), so a step of all ranks sees what one process with
+        ``data.batch_size = B * world_size`` would."""
+        data: LMDataConfig = self.config.data
+        streams = batchify(self.ids["train"], data.batch_size * world_size)  # (B * world_size, W)
+        own = streams[rank * data.batch_size : (rank + 1) * data.batch_size].to(self.device)  # (B, W)
+        self._chunks = tbptt_batches(own, data.bptt)
+        self._state = None
+
     def train_loss(self, batch: int) -> StepLoss:
         """Mean NLL per target token of window ``batch`` (+ the encoder's auxiliary loss)."""
         if batch == 0:

@@ -21,7 +21,8 @@ from seqzoo.data.errors import DataError
 from seqzoo.data.io import atomic_write_text, read_json, read_text, write_json
 from seqzoo.training.checkpoint import resolve_checkpoint
 from seqzoo.training.devices import set_seed, set_threads
-from seqzoo.training.rundir import check_run_dir, run_lock
+from seqzoo.training.distributed import global_batch_config, is_main, main_rank_lock
+from seqzoo.training.rundir import check_run_dir
 from seqzoo.training.stats import per_seed, summarize
 from seqzoo.training.trainer import Trainer, stop_reason
 
@@ -69,13 +70,14 @@ def run(config: RunConfig, run_dir: str | Path, resume: bool = False) -> dict[st
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    with run_lock(run_dir):
+    with main_rank_lock(run_dir):  # data-parallel runs: rank 0 locks and writes (seqzoo.training.distributed)
         return _run_locked(config, run_dir, resume)
 
 
 def _run_locked(config: RunConfig, run_dir: Path, resume: bool) -> dict[str, Any]:
     resolved = yaml.safe_dump(config_to_dict(config), sort_keys=False)
-    atomic_write_text(run_dir / "config.yaml", resolved)  # what `seqzoo train --resume` reads
+    if is_main():
+        atomic_write_text(run_dir / "config.yaml", resolved)  # what `seqzoo train --resume` reads
     set_threads(config.train)
     seeds = config.train.seeds or [config.train.seed]
     module = task_module(config.task)
@@ -84,13 +86,13 @@ def _run_locked(config: RunConfig, run_dir: Path, resume: bool) -> dict[str, Any
         cfg = dataclasses.replace(config, train=dataclasses.replace(config.train, seed=seed, seeds=[]))
         seed_dir = run_dir / f"seed-{seed}" if len(seeds) > 1 else run_dir
         set_seed(seed)
-        for sub, task in module.build_tasks(cfg):
+        for sub, task in module.build_tasks(global_batch_config(cfg)):  # each rank trains on its part of a batch
             sub_dir = seed_dir / sub if sub else seed_dir
             check_run_dir(sub_dir)  # each sub-run writes; none into a directory that is no longer this run
             name = str(sub_dir.relative_to(run_dir)) if sub_dir != run_dir else "."
             done = completed_test_record(sub_dir) if resume else None
             best = resolve_checkpoint(sub_dir / "best") if resume else None
-            if best is not None:  # a --resume --set may have moved the data: `seqzoo evaluate` reads this
+            if best is not None and is_main():  # a --resume --set may have moved the data: `seqzoo evaluate` reads this
                 write_json(best / "config.json", config_to_dict(cfg))
             if done is not None:
                 reason = stop_reason(sub_dir, cfg)
@@ -109,7 +111,8 @@ def _run_locked(config: RunConfig, run_dir: Path, resume: bool) -> dict[str, Any
             results[name] = {k: v for k, v in done.items() if k.startswith("test_")}
     summary = summarize(results)
     check_run_dir(run_dir)
-    write_json(run_dir / "summary.json", summary)
+    if is_main():
+        write_json(run_dir / "summary.json", summary)
     return summary
 
 

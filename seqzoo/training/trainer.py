@@ -18,6 +18,13 @@ while epochs remain, a larger or no ``train.patience``) trains on from its next 
 (:func:`stop_reason`); its old test record is dropped and the new best checkpoint is tested
 again. An epoch that the step budget cut short counts as done: to train on after it, raise
 ``train.epochs`` too.
+
+Data-parallel training (several processes started by torchrun, :mod:`seqzoo.training.distributed`):
+the model is wrapped in DDP while it trains; each rank trains on its part of every batch (a task's
+``shard_train(rank, world_size)``, where it has one, splits its training data itself), with its
+loss weighted by its share of the all-reduced ``count``, so the averaged gradient is the global
+batch's mean; rank 0 alone writes the run directory, and ``last/`` holds every rank's random
+generators and task state, so a resume (on as many ranks) replays the uninterrupted run.
 """
 
 from __future__ import annotations
@@ -38,8 +45,10 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from seqzoo.config import RunConfig, TrainConfig, config_to_dict
+from seqzoo.data.batching import shard_batches
 from seqzoo.data.errors import DataError
 from seqzoo.data.io import atomic_write_text, read_json
+from seqzoo.training import distributed
 from seqzoo.training.checkpoint import (
     join_tensors,
     load_tensors,
@@ -72,8 +81,17 @@ class Trainer:
 
     def __init__(self, config: RunConfig, task: Task, run_dir: str | Path) -> None:
         self.config, self.task, self.run_dir = config, task, Path(run_dir)
+        self.model = task.model  # the model itself: task.model is its DDP replica while fit() trains
+        self.rank, self.world = distributed.rank(), distributed.world_size()
+        self.main = self.rank == 0  # the one process that writes the run directory
         check_run_dir(self.run_dir)  # before anything is written (see seqzoo.training.rundir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.world > 1:
+            if hasattr(task, "shard_train"):  # a task that splits its own training data across ranks
+                task.shard_train(self.rank, self.world)
+            if self.rank > 0:  # dropout and zoneout: each rank draws its own masks
+                torch.manual_seed(torch.initial_seed() + 1_000_003 * self.rank)
         self.optimizer = build_optimizer(list(task.model.parameters()), config.optim)
         self.device = model_device(task.model)
         self.autocast_dtype = check_precision(config.train.precision, self.device)
@@ -93,7 +111,7 @@ class Trainer:
             "lr": config.optim.lr,
             "metrics_bytes": 0,
         }
-        self._handler = self._attach_log()
+        self._handler = self._attach_log() if self.main else None
 
     # ----------------------------------------------------------------- bookkeeping
     def _attach_log(self) -> logging.Handler:
@@ -104,6 +122,8 @@ class Trainer:
         return handler
 
     def _record(self, record: dict[str, Any]) -> None:
+        if not self.main:
+            return
         check_run_dir(self.run_dir)
         with open(self.metrics_path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record, sort_keys=True) + "\n")
@@ -112,18 +132,26 @@ class Trainer:
 
     def _save_last(self) -> None:
         check_run_dir(self.run_dir)
-        if self.metrics_path.exists():  # the size the checkpoint records must be on disk before it
-            with open(self.metrics_path, "rb") as handle:
-                os.fsync(handle.fileno())
-        optim_skeleton, optim_tensors = split_tensors(self.optimizer.state_dict())
-        extra_skeleton, extra_tensors = split_tensors(getattr(self.task, "extra_state", dict)())
+        extra = getattr(self.task, "extra_state", dict)()
+        extra_skeleton, extra_tensors = split_tensors(extra)
         rng = {"torch": torch.get_rng_state()}
         device = self.device
         if device.type == "cuda":  # dropout and zoneout on the GPU draw from its own generator
             rng["cuda"] = torch.cuda.get_rng_state(device)
+        if self.world > 1:  # every rank's generators and task state (e.g. its LM streams' carried state)
+            ranks = distributed.gather((rng, split_tensors(extra, f"rank{self.rank}")))
+            rng = {f"{key}.rank{r}": value for r, (own, _) in enumerate(ranks) for key, value in own.items()}
+            extra_skeleton = {"ranks": [skeleton for _, (skeleton, _) in ranks]}
+            extra_tensors = {key: value for _, (_, tensors) in ranks for key, value in tensors.items()}
+        if not self.main:
+            return
+        if self.metrics_path.exists():  # the size the checkpoint records must be on disk before it
+            with open(self.metrics_path, "rb") as handle:
+                os.fsync(handle.fileno())
+        optim_skeleton, optim_tensors = split_tensors(self.optimizer.state_dict())
         save_checkpoint_dir(
             self.run_dir / "last",
-            {"model": _model_tensors(self.task.model), "optimizer": optim_tensors, "rng": rng, "extra": extra_tensors},
+            {"model": _model_tensors(self.model), "optimizer": optim_tensors, "rng": rng, "extra": extra_tensors},
             {
                 "train_state.json": {
                     "loop": self.state,
@@ -131,6 +159,7 @@ class Trainer:
                     "extra": extra_skeleton,
                     "python_rng": _jsonable(random.getstate()),
                     "grad_scaler": None if self.scaler is None else self.scaler.state_dict(),
+                    "world_size": self.world,
                 },
                 "config.json": config_to_dict(self.config),
             },
@@ -150,11 +179,21 @@ class Trainer:
                 f"{path / 'train_state.json'}: loop state from another seqzoo version "
                 f"(missing {missing}, unknown {unknown}); it cannot be resumed by this one"
             )
-        load_weights(self.task.model, path / "model.safetensors")
+        saved_world = doc.get("world_size", 1)  # older runs trained on one process
+        if saved_world != self.world:
+            raise TrainingError(
+                f"{path} was saved by a run on {saved_world} process(es), so its batches and random draws are those "
+                f"of {saved_world}: resume it on as many (torchrun --nproc-per-node {saved_world}), not on {self.world}"
+            )
+        load_weights(self.model, path / "model.safetensors")
         self.optimizer.load_state_dict(_int_keys(_joined(doc["optimizer"], path / "optimizer.safetensors")))
         if hasattr(self.task, "load_extra_state"):
-            self.task.load_extra_state(_joined(doc["extra"], path / "extra.safetensors"))
+            extra = _joined(doc["extra"], path / "extra.safetensors")
+            self.task.load_extra_state(extra["ranks"][self.rank] if self.world > 1 else extra)
         rng = load_tensors(path / "rng.safetensors")
+        if self.world > 1:  # this rank's own generators
+            suffix = f".rank{self.rank}"
+            rng = {key.removesuffix(suffix): value for key, value in rng.items() if key.endswith(suffix)}
         if "torch" not in rng:
             raise DataError("no 'torch' generator state in it", path / "rng.safetensors")
         torch.set_rng_state(rng["torch"])
@@ -172,7 +211,7 @@ class Trainer:
             self.scaler.load_state_dict(doc["grad_scaler"])
         self.state = doc["loop"]
         # Drop metric records written after this checkpoint (the run died before saving again).
-        if self.metrics_path.exists():
+        if self.main and self.metrics_path.exists():
             keep = self.state["metrics_bytes"]
             if self.metrics_path.stat().st_size < keep:  # truncate() would pad it with NUL bytes
                 keep = self.metrics_path.read_bytes().rfind(b"\n") + 1  # up to its last whole record
@@ -187,25 +226,30 @@ class Trainer:
         return True
 
     def _save_best(self) -> None:
+        if not self.main:
+            return
         check_run_dir(self.run_dir)
         documents = {"config.json": config_to_dict(self.config), **self.task.documents()}
-        save_checkpoint_dir(self.run_dir / "best", {"model": _model_tensors(self.task.model)}, documents)
+        save_checkpoint_dir(self.run_dir / "best", {"model": _model_tensors(self.model)}, documents)
 
     # ----------------------------------------------------------------- the loop
     def fit(self, resume: bool = False) -> dict[str, float]:
         """Train (or resume), keep the best dev checkpoint, evaluate it on test; return test metrics."""
         cfg = self.config
-        resolved = yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
-        atomic_write_text(self.run_dir / "config.yaml", resolved)
+        if self.main:
+            atomic_write_text(self.run_dir / "config.yaml", yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
         device = self.device
         name = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
         precision = "" if self.autocast_dtype is None else f", mixed precision {cfg.train.precision} (autocast)"
-        log.info("training on %s%s%s", device, name, precision)
+        ranks = f", {self.world} data-parallel processes" if self.world > 1 else ""
+        log.info("training on %s%s%s%s", device, name, precision, ranks)
         if resume and self._load_last():
             state = self.state
             log.info("resumed %s at epoch %d, step %d", self.run_dir, state["epoch"] + 1, state["step_in_epoch"])
-        elif self.metrics_path.exists():
+        elif self.main and self.metrics_path.exists():
             self.metrics_path.unlink()
+        # Forward passes go through the DDP replica (which all-reduces the gradients), with the same weights.
+        self.task.model = distributed.replicate(self.model, cfg.train.find_unused_parameters)
         try:
             # An epoch in progress (a checkpoint saved mid-epoch, even at the step that spent the
             # budget) is finished, with its dev evaluation, before the loop's condition is read.
@@ -214,17 +258,24 @@ class Trainer:
             return self._finish()
         except BaseException as err:  # why a run stopped belongs in its log, not only on the console
             reason = "interrupted" if isinstance(err, KeyboardInterrupt) else f"{type(err).__name__}: {err}"
-            self._handler.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, "stopped: %s", (reason,), None))
+            if self._handler is not None:
+                record = log.makeRecord(log.name, logging.ERROR, __file__, 0, "stopped: %s", (reason,), None)
+                self._handler.handle(record)
             raise
         finally:
-            log.removeHandler(self._handler)
-            self._handler.close()
+            self.task.model = self.model
+            if self._handler is not None:
+                log.removeHandler(self._handler)
+                self._handler.close()
 
     def _train_epoch(self) -> None:
         cfg, task, state = self.config, self.task, self.state
         epoch, resumed_at = state["epoch"], state["step_in_epoch"]
         batches = task.train_batches(epoch)
+        if self.world > 1 and not hasattr(task, "shard_train"):  # this rank's part of each (global) batch
+            batches = shard_batches(batches, self.rank, self.world)
         show = cfg.train.progress if cfg.train.progress is not None else sys.stderr.isatty()
+        show = show and self.main
         bar = tqdm(
             total=len(batches),
             initial=state["step_in_epoch"],
@@ -241,7 +292,12 @@ class Trainer:
                 break
             with torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
                 loss, tokens, count, auxiliary = StepLoss(*task.train_loss(batches[index]))  # (a plain 3-tuple too)
-            if not torch.isfinite(loss):
+            # Sums over the ranks (this rank's own figures on one process): loss x count, regulariser x count,
+            # count, tokens.
+            totals = distributed.all_sum([loss.item() * count, auxiliary * count, float(count), float(tokens)])
+            if self.world > 1:  # DDP averages the ranks' gradients: weighted so, they average to the global mean
+                loss = loss * (count * self.world / totals[2])
+            if not math.isfinite(totals[0]):
                 bar.close()
                 last, best = resolve_checkpoint(self.run_dir / "last"), resolve_checkpoint(self.run_dir / "best")
                 if last is None:
@@ -249,19 +305,19 @@ class Trainer:
                 else:
                     kept = f"The last good checkpoint is kept in {last}" + (f" (best model in {best})" if best else "")
                 raise TrainingError(
-                    f"non-finite loss ({loss.item()}) at epoch {epoch + 1}, batch {index + 1}; stopping. "
+                    f"non-finite loss ({totals[0] / totals[2]}) at epoch {epoch + 1}, batch {index + 1}; stopping. "
                     f"{kept}. Try a lower learning rate or gradient clipping."
                 )
             lr = scheduled_lr(cfg.optim, state["lr"], state["global_step"], steps)
             for group in self.optimizer.param_groups:  # the one place the optimiser's rate is set
                 group["lr"] = lr
             update(task.model, self.optimizer, loss, cfg.optim.clip_norm, self.scaler)
-            state["loss_sum"] += loss.item() * count
-            state["aux_sum"] += auxiliary * count
-            state["loss_count"] += count
+            state["loss_sum"] += totals[0]
+            state["aux_sum"] += totals[1]
+            state["loss_count"] += int(totals[2])
             state["step_in_epoch"] = index + 1
             state["global_step"] += 1
-            tokens_seen += tokens
+            tokens_seen += int(totals[3])
             bar.update(1)
             if bar.n % 10 == 0 or index + 1 == len(batches):
                 rate = tokens_seen / max(time.perf_counter() - start - saving, 1e-9)
@@ -310,7 +366,7 @@ class Trainer:
 
     def _end_epoch(self, epoch: int, seconds: float, tokens: int, resumed_at: int, saving: float) -> None:
         cfg, task, state = self.config, self.task, self.state
-        dev = task.evaluate("dev")
+        dev = distributed.broadcast(task.evaluate("dev"))  # every rank decides as rank 0 does
         value = dev[task.metric]
         best = state["best"]
         improved = best is None or _better(value, best, task.higher_is_better)
@@ -354,8 +410,9 @@ class Trainer:
         if _budget_spent(state, cfg):
             log.info("step budget of %d steps spent", cfg.train.max_steps)
         self._save_last()
-        check_run_dir(self.run_dir)
-        plot_curves(self.metrics_path, self.run_dir / "plots", task.metric)
+        if self.main:
+            check_run_dir(self.run_dir)
+            plot_curves(self.metrics_path, self.run_dir / "plots", task.metric)
 
     def _step_schedule(self, epoch: int, improved: bool) -> None:
         cfg = self.config.optim
@@ -374,11 +431,13 @@ class Trainer:
         best = resolve_checkpoint(self.run_dir / "best")
         if best is None:
             raise TrainingError(f"no best checkpoint in {self.run_dir}; did training run any epoch?")
-        load_weights(task.model, best / "model.safetensors")
-        test = task.evaluate("test")
+        load_weights(self.model, best / "model.safetensors")
+        test = distributed.broadcast(task.evaluate("test"))
         record = {f"test_{k}": v for k, v in test.items()}
         self._record({"event": "test", "best_epoch": self.state["best_epoch"], **record})
-        plot_curves(self.metrics_path, self.run_dir / "plots", task.metric)  # `seqzoo train` lists them
+        if self.main:
+            plot_curves(self.metrics_path, self.run_dir / "plots", task.metric)  # `seqzoo train` lists them
+        distributed.barrier()  # the other ranks read the test record once it is written
         log.info("test %s", ", ".join(f"{k} {v}" if isinstance(v, int) else f"{k} {v:.4f}" for k, v in test.items()))
         return test
 
