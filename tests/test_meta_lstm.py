@@ -118,7 +118,7 @@ def test_initialisation_follows_the_official_cell():
 def test_tasks_share_the_meta_cells_and_own_p_q_b():
     torch.manual_seed(4)
     first = MetaLSTM(5, 7, num_layers=2, **SIZES)
-    second = MetaLSTM(5, 7, num_layers=2, shared_meta=first.meta_cells, **SIZES)
+    second = build_encoder("meta_lstm", 5, hidden_size=7, num_layers=2, shared_meta=first.meta_cells, **SIZES)
     for a, b in zip(first.cells, second.cells, strict=True):
         assert a.meta is b.meta and a.basic is not b.basic
     shared = {n for n, _ in second.named_parameters() if n.split(".")[2] == "meta"}

@@ -29,7 +29,6 @@ Importing this module registers the ``meta_lstm`` encoder.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -256,7 +255,7 @@ class MetaLSTM(RecurrentCellEncoder):
         meta_size: int = 40,
         z_size: int | None = None,
         meta_vector: MetaVector = "projected",
-        shared_meta: Sequence[MetaCell] | None = None,
+        shared_meta: nn.ModuleList | None = None,
         compile_step: bool = False,
     ) -> None:
         count = num_layers * (2 if bidirectional else 1)

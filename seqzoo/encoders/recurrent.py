@@ -1,9 +1,10 @@
 """Run any recurrent cell over time under the :mod:`seqzoo.encoders.base` contract.
 
 :class:`RecurrentCellEncoder` owns the machinery every hand-written recurrent encoder needs
-(the MZU, the layer-normalised GRU and the deep-transition GRU use it): the time loop,
-masks (pads neither update the state nor produce outputs), carried state, stacked layers
-and bidirectionality (the reverse direction starts at each row's last *real* token).
+(the MZU, the layer-normalised GRU, the deep-transition GRU, the Meta-LSTM and the HyperLSTM
+use it): the time loop, masks (pads neither update the state nor produce outputs), carried
+state, stacked layers and bidirectionality (the reverse direction starts at each row's last
+*real* token).
 
 A cell is an ``nn.Module`` with a ``hidden_size`` attribute and a ``prepare`` method::
 
