@@ -15,6 +15,7 @@ from seqzoo.data.classification import (
     kfold_splits,
     read_labeled,
 )
+from seqzoo.data.conll import TaggedSentence, read_conll
 from seqzoo.data.embeddings import EmbeddingStats, load_vectors
 from seqzoo.data.errors import DataError
 from seqzoo.data.io import atomic_write_bytes, atomic_write_text, open_text, read_json, read_text, write_json
@@ -28,6 +29,7 @@ __all__ = [
     "EmbeddingStats",
     "LabelSet",
     "LabeledText",
+    "TaggedSentence",
     "Tokenizer",
     "Vocab",
     "atomic_write_bytes",
@@ -42,6 +44,7 @@ __all__ = [
     "load_vectors",
     "open_text",
     "pad_batch",
+    "read_conll",
     "read_json",
     "read_labeled",
     "read_lm_tokens",

@@ -1,0 +1,457 @@
+"""Linear-chain conditional random field over an encoder's per-token scores.
+
+Lafferty, McCallum & Pereira (2001), "Conditional Random Fields: Probabilistic Models for
+Segmenting and Labeling Sequence Data"; the neural form (emissions from a BiLSTM, learned tag
+transitions) of Lample et al. (2016), "Neural Architectures for Named Entity Recognition", and
+Huang, Xu & Yu (2015), "Bidirectional LSTM-CRF Models for Sequence Tagging".
+
+A tag path y_0..y_{L-1} of a sentence of length L scores (Lample et al. eq. 1, with start and end)
+
+    s(y) = start[y_0] + sum_t e_t[y_t] + sum_{t>=1} A[y_{t-1}, y_t] + end[y_{L-1}]
+
+and p(y | x) = exp(s(y)) / Z with Z = sum_y' exp(s(y')) (eq. 2). Rows are right-padded (mask
+True = real token). A row without a real token has the empty path: log-likelihood 0, log Z 0,
+decoded as all -1 and zero marginals.
+
+Two paths compute log Z: :func:`log_partition_reference`, the per-step ``logsumexp`` forward
+algorithm through autograd, and the fast path, a scaled forward-backward in exp space (one matmul
+with exp(A) per step, rows sorted by length so each step touches only the rows still running)
+whose gradient is the exact closed form (marginals for the emissions, pair marginals for A). Where
+the exp-space recursion would lose precision (a step's mass under sqrt(tiny), possible only with
+scores more than ~40 nats apart in float32) it falls back to the reference. Viterbi decoding is
+a max-plus step per position; with many tags it first tries the best-scoring ``m`` previous tags
+and checks a bound that proves the result exact, else it takes the full K x K step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
+
+from seqzoo.data.tags import allowed_transitions
+from seqzoo.encoders.base import check_mask
+
+__all__ = ["CRF", "REDUCTIONS", "log_partition_reference", "viterbi_reference"]
+
+REDUCTIONS = ("none", "sum", "mean", "token_mean")
+DISALLOWED = -10000.0  # score of a transition a tag scheme forbids: finite, so gradients stay finite
+_PRUNE_MIN_TAGS = 64  # from this many tags on, Viterbi tries the best few previous tags first
+_PRUNE_CANDIDATES = (4, 24)  # how many, in turn
+
+
+class CRF(nn.Module):
+    """A linear-chain CRF over ``num_tags`` tags (pytorch-crf's parameter names and reductions).
+
+    ``constraints``: a tag scheme (``"IOB1"``, ``"IOB2"``/``"BIO"``, ``"IOBES"``/``"BILOU"``) and
+    ``tags``, the tag names by index: transitions the scheme forbids (``I-X`` after ``O`` in IOB2,
+    ...) then score :data:`DISALLOWED` in training and decoding alike, whatever the learned values.
+    """
+
+    def __init__(self, num_tags: int, constraints: str | None = None, tags: Sequence[str] | None = None) -> None:
+        super().__init__()
+        if num_tags < 1:
+            raise ValueError(f"num_tags must be >= 1, got {num_tags}")
+        self.num_tags = num_tags
+        self.constraints = constraints
+        self.start_transitions = nn.Parameter(torch.empty(num_tags))
+        self.end_transitions = nn.Parameter(torch.empty(num_tags))
+        self.transitions = nn.Parameter(torch.empty(num_tags, num_tags))  # [from, to]
+        between = torch.ones(num_tags, num_tags, dtype=torch.bool)
+        start = end = torch.ones(num_tags, dtype=torch.bool)
+        if constraints is not None:
+            if tags is None or len(tags) != num_tags:
+                raise ValueError(f"constraints={constraints!r} needs the names of the {num_tags} tags (tags=...)")
+            allowed = allowed_transitions(constraints, tags)
+            between, start, end = (torch.tensor(a, dtype=torch.bool) for a in allowed)
+        elif tags is not None:
+            raise ValueError("tags are only read with constraints=<scheme>")
+        self.register_buffer("allowed", between, persistent=False)
+        self.register_buffer("allowed_start", start, persistent=False)
+        self.register_buffer("allowed_end", end, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for p in (self.start_transitions, self.end_transitions, self.transitions):
+            nn.init.uniform_(p, -0.1, 0.1)
+
+    def extra_repr(self) -> str:
+        return f"num_tags={self.num_tags}" + (f", constraints={self.constraints!r}" if self.constraints else "")
+
+    def scores(self, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+        """(start (K,), transitions (K, K), end (K,)) in ``dtype``, with the forbidden ones at :data:`DISALLOWED`."""
+        start, trans, end = (p.to(dtype) for p in (self.start_transitions, self.transitions, self.end_transitions))
+        if self.constraints is None:
+            return start, trans, end
+        return (
+            start.masked_fill(~self.allowed_start, DISALLOWED),
+            trans.masked_fill(~self.allowed, DISALLOWED),
+            end.masked_fill(~self.allowed_end, DISALLOWED),
+        )
+
+    def _inputs(self, emissions: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """Checked float (at least float32, autocast off) emissions, mask and the three score tensors."""
+        mask = check_mask(emissions, mask)
+        if emissions.shape[-1] != self.num_tags:
+            raise ValueError(f"emissions have {emissions.shape[-1]} tags, the CRF has {self.num_tags}")
+        dtype = torch.promote_types(emissions.dtype, torch.float32)
+        emissions = emissions.to(dtype).masked_fill(~mask.unsqueeze(2), 0.0)  # pads may hold anything, NaN too
+        return (emissions, mask, *self.scores(dtype))
+
+    def forward(self, emissions: Tensor, tags: Tensor, mask: Tensor | None = None, reduction: str = "none") -> Tensor:
+        """log p(tags | emissions): emissions (B, T, K), tags (B, T) int (pads: any value), mask (B, T)
+        -> (B,) for ``reduction="none"``, else its sum, mean over rows or mean over real tokens
+        (``"token_mean"``). Computed in float32 (or float64) even under autocast."""
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
+        if tags.shape != emissions.shape[:2]:
+            raise ValueError(f"tags shape {tuple(tags.shape)} does not match emissions {tuple(emissions.shape[:2])}")
+        with torch.autocast(emissions.device.type, enabled=False):
+            emissions, mask, start, trans, end = self._inputs(emissions, mask)
+            llh = path_score(emissions, tags, mask, start, trans, end) - log_partition(
+                emissions, mask, start, trans, end
+            )  # (B,)
+        if reduction == "sum":
+            return llh.sum()
+        if reduction == "mean":
+            return llh.mean()
+        if reduction == "token_mean":
+            return llh.sum() / mask.sum().clamp(min=1)
+        return llh
+
+    def log_partition(self, emissions: Tensor, mask: Tensor | None = None) -> Tensor:
+        """log Z (B,) of every row (float32 or float64, even under autocast)."""
+        with torch.autocast(emissions.device.type, enabled=False):
+            return log_partition(*self._inputs(emissions, mask))
+
+    @torch.no_grad()
+    def decode(self, emissions: Tensor, mask: Tensor | None = None) -> Tensor:
+        """The best tag paths by Viterbi: (B, T) int64, -1 at pads."""
+        with torch.autocast(emissions.device.type, enabled=False):
+            return viterbi(*self._inputs(emissions, mask))[0]
+
+    @torch.no_grad()
+    def decode_kbest(self, emissions: Tensor, mask: Tensor | None = None, k: int = 2) -> tuple[Tensor, Tensor]:
+        """The ``k`` best paths per row, best first: paths (B, k, T) int64 (-1 at pads) and their scores
+        s(y) (B, k). A row with fewer than ``k`` paths fills the rest with -1 paths of score -inf."""
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        with torch.autocast(emissions.device.type, enabled=False):
+            return viterbi_kbest(*self._inputs(emissions, mask), k)
+
+    @torch.no_grad()
+    def marginals(self, emissions: Tensor, mask: Tensor | None = None) -> Tensor:
+        """p(y_t = j | x) (B, T, K) by forward-backward: sums to 1 at real positions, 0 at pads."""
+        with torch.autocast(emissions.device.type, enabled=False):
+            emissions, mask, start, trans, end = self._inputs(emissions, mask)
+            lattice = _Lattice.build(emissions, mask, start, trans, end)
+            probs = lattice.marginals() if lattice is not None else None
+            if probs is not None:
+                return probs
+            with torch.enable_grad():
+                leaf = emissions.detach().requires_grad_(True)
+                (grad,) = torch.autograd.grad(log_partition_reference(leaf, mask, start, trans, end).sum(), leaf)
+            return grad  # d log Z / d e_t[j] = p(y_t = j | x)
+
+
+def path_score(emissions: Tensor, tags: Tensor, mask: Tensor, start: Tensor, trans: Tensor, end: Tensor) -> Tensor:
+    """s(y) (B,) of the given paths (rows without a real token: 0)."""
+    tags = tags.masked_fill(~mask, 0).long()  # (B, T), pads may hold anything (-1, ignore indices)
+    lengths = mask.sum(1)  # (B,)
+    real = mask.to(emissions.dtype)
+    score = (emissions.gather(2, tags.unsqueeze(2)).squeeze(2) * real).sum(1)  # sum_t e_t[y_t]
+    score = score + (trans[tags[:, :-1], tags[:, 1:]] * real[:, 1:]).sum(1)  # sum_{t>=1} A[y_{t-1}, y_t]
+    last = tags.gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)  # (B,)
+    return torch.where(lengths > 0, score + start[tags[:, 0]] + end[last], 0.0)
+
+
+def log_partition_reference(emissions: Tensor, mask: Tensor, start: Tensor, trans: Tensor, end: Tensor) -> Tensor:
+    """log Z (B,) by the forward algorithm, alpha_t[j] = logsumexp_i(alpha_{t-1}[i] + A[i, j]) + e_t[j]."""
+    alpha = start + emissions[:, 0]  # (B, K)
+    for t in range(1, emissions.shape[1]):
+        step = torch.logsumexp(alpha.unsqueeze(2) + trans, dim=1) + emissions[:, t]  # (B, K)
+        alpha = torch.where(mask[:, t : t + 1], step, alpha)
+    return torch.where(mask[:, 0], torch.logsumexp(alpha + end, dim=1), 0.0)
+
+
+def viterbi_reference(emissions: Tensor, mask: Tensor, start: Tensor, trans: Tensor, end: Tensor) -> Tensor:
+    """The best paths (B, T) (-1 at pads) by the plain max-plus recursion and a per-row backtrace."""
+    batch, seq_len, _ = emissions.shape
+    paths = torch.full((batch, seq_len), -1, dtype=torch.long)
+    for b in range(batch):
+        length = int(mask[b].sum())
+        if length == 0:
+            continue
+        delta, back = start + emissions[b, 0], []
+        for t in range(1, length):
+            delta, arg = (delta.unsqueeze(1) + trans).max(0)
+            delta = delta + emissions[b, t]
+            back.append(arg)
+        best = [int((delta + end).argmax())]
+        for arg in reversed(back):
+            best.append(int(arg[best[-1]]))
+        paths[b, :length] = torch.tensor(best[::-1])
+    return paths.to(emissions.device)
+
+
+def log_partition(emissions: Tensor, mask: Tensor, start: Tensor, trans: Tensor, end: Tensor) -> Tensor:
+    """log Z (B,): the scaled exp-space forward with its closed-form gradient, or the reference."""
+    lattice = _Lattice.build(emissions.detach(), mask, start.detach(), trans.detach(), end.detach())
+    if lattice is None:
+        return log_partition_reference(emissions, mask, start, trans, end)
+    return _LogPartition.apply(emissions, start, trans, end, lattice)
+
+
+class _LogPartition(torch.autograd.Function):
+    """log Z with the gradient of forward-backward: dlogZ/de_t[j] = p_t(j), dlogZ/dA[i,j] = sum_t p_t(i, j)."""
+
+    @staticmethod
+    def forward(ctx: Any, emissions: Tensor, start: Tensor, trans: Tensor, end: Tensor, lattice: _Lattice) -> Tensor:
+        ctx.lattice = lattice
+        ctx.inputs = (emissions.detach(), start.detach(), trans.detach(), end.detach())
+        return lattice.log_z
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        grads = ctx.lattice.gradients(grad)
+        if grads is None:  # the backward recursion lost precision: differentiate the reference
+            with torch.enable_grad():
+                leaves = [x.requires_grad_(True) for x in (t.clone() for t in ctx.inputs)]
+                log_z = log_partition_reference(leaves[0], ctx.lattice.mask, *leaves[1:])
+                grads = torch.autograd.grad(log_z, leaves, grad)
+        return (*grads, None)
+
+
+def _by_length(mask: Tensor) -> tuple[Tensor, Tensor, list[int]]:
+    """Rows sorted by length, longest first: the order (B,), the sorted lengths (B,) and, per time
+    step t, how many rows are still running (a prefix of the sorted rows)."""
+    lengths = mask.sum(1)  # (B,)
+    order = torch.argsort(lengths, descending=True, stable=True)
+    lengths = lengths[order]
+    running = (lengths.unsqueeze(0) > torch.arange(mask.shape[1], device=mask.device).unsqueeze(1)).sum(1)  # (T,)
+    return order, lengths, running.tolist()
+
+
+def _prefix(steps: Sequence[Tensor] | Tensor, t: int, rows: int, batch: int) -> Tensor:
+    """Step ``t`` of a time-first buffer limited to its first ``rows`` rows (the rows still running)."""
+    step = steps[t]
+    return step if rows == batch else step[:rows]
+
+
+def _vec_mat(x: Tensor, matrix: Tensor, out: Tensor, scratch: Tensor) -> None:
+    """out = x @ matrix for x (rows, K). A product small enough for one thread (under ATen's grain
+    size) is an element-wise product and a sum: torch.mm may wake a BLAS thread team even for a
+    tiny product, which costs more than the product itself."""
+    rows, tags = x.shape
+    if rows * tags * tags >= 32768:
+        torch.mm(x, matrix, out=out)
+        return
+    products = scratch[:rows]
+    torch.mul(x.unsqueeze(2), matrix, out=products)  # (rows, K, K)
+    torch.sum(products, 1, out=out)
+
+
+class _Lattice:
+    """The scaled forward pass of one batch (rows sorted by length, time first), kept for the backward.
+
+    alpha_t = scale_t * a_t with a_t summing to 1: a_t = (a_{t-1} @ exp(A - maxA)) * w_t / n_t with
+    w_t = exp(e_t - max_j e_t[j]) and n_t the sum that normalises it, so log Z adds up the log n_t.
+    """
+
+    def __init__(self, emissions: Tensor, mask: Tensor, start: Tensor, trans: Tensor, end: Tensor) -> None:
+        self.mask = mask
+        self.order, self.lengths, self.running = _by_length(mask)
+        seq_len, batch, tags = emissions.shape[1], emissions.shape[0], emissions.shape[2]
+        e = emissions[self.order].transpose(0, 1).contiguous()  # (T, B, K)
+        e_max = e.amax(2, keepdim=True)  # (T, B, 1)
+        self.w = torch.exp(e - e_max)  # (T, B, K)
+        trans_max = trans.max()
+        self.exp_trans = torch.exp(trans - trans_max)  # (K, K)
+        self.exp_trans_t = self.exp_trans.t()
+        self.scratch = e.new_empty(batch, tags, tags)  # for _vec_mat
+        self.alpha = a = torch.zeros(seq_len, batch, tags, dtype=e.dtype, device=e.device)  # a_t, 0 at pads
+        self.norm = n = torch.ones(seq_len, batch, 1, dtype=e.dtype, device=e.device)  # n_t, 1 at pads
+        start_max = start.max()
+        a0, n0 = _prefix(a, 0, self.running[0], batch), _prefix(n, 0, self.running[0], batch)
+        torch.mul(_prefix(self.w, 0, self.running[0], batch), torch.exp(start - start_max), out=a0)
+        torch.sum(a0, 1, keepdim=True, out=n0)
+        a0.div_(n0)
+        steps_a, steps_w, steps_n = a.unbind(0), self.w.unbind(0), n.unbind(0)
+        for t in range(1, seq_len):
+            rows = self.running[t]
+            if rows == 0:
+                break
+            cur, norm = _prefix(steps_a, t, rows, batch), _prefix(steps_n, t, rows, batch)
+            _vec_mat(_prefix(steps_a, t - 1, rows, batch), self.exp_trans, cur, self.scratch)  # (rows, K)
+            cur.mul_(_prefix(steps_w, t, rows, batch))
+            torch.sum(cur, 1, keepdim=True, out=norm)
+            cur.div_(norm)
+        end_max = end.max()
+        self.exp_end = torch.exp(end - end_max)  # (K,)
+        has_tokens = self.lengths > 0
+        last = (self.lengths - 1).clamp(min=0)
+        self.final = a[last, torch.arange(batch, device=e.device)] @ self.exp_end  # (B,) sum_j a_{L-1}[j] exp(end_j)
+        real = (torch.arange(seq_len, device=e.device).unsqueeze(1) < self.lengths).unsqueeze(2)  # (T, B, 1)
+        self.real = real
+        log_z = ((torch.log(n) + e_max) * real).sum((0, 2))  # (B,)
+        log_z = log_z + (self.lengths - 1).clamp(min=0) * trans_max + start_max + end_max + torch.log(self.final)
+        log_z = torch.where(has_tokens, log_z, 0.0)
+        self.log_z = torch.empty_like(log_z).index_copy_(0, self.order, log_z)  # back in the batch's order
+        tiny = torch.finfo(e.dtype).tiny ** 0.5
+        self.precise = bool(
+            ((n >= tiny) & (self.final >= tiny).view(1, batch, 1) | ~has_tokens.view(1, batch, 1)).all()
+        )
+
+    @classmethod
+    def build(cls, emissions: Tensor, mask: Tensor, start: Tensor, trans: Tensor, end: Tensor) -> _Lattice | None:
+        """The lattice of a batch, or None where the exp-space recursion would be imprecise."""
+        with torch.no_grad():
+            lattice = cls(emissions, mask, start, trans, end)
+        return lattice if lattice.precise else None
+
+    def _backward(self) -> tuple[Tensor, Tensor, Tensor] | None:
+        """(marginals (T, B, K), r_t = w_t * b_t (T, B, K), S_t (T, B, 1)) in sorted order, or None
+        where precision would be lost. b_t is beta_t normalised to sum 1; p_t = a_t * b_t / S_t."""
+        seq_len, batch, _ = self.w.shape
+        beta = torch.zeros_like(self.alpha)  # (T, B, K)
+        rows = torch.arange(batch, device=beta.device)
+        has_tokens = self.lengths > 0
+        beta[(self.lengths - 1).clamp(min=0)[has_tokens], rows[has_tokens]] = self.exp_end
+        r = torch.zeros_like(self.alpha)
+        sums = torch.ones_like(self.norm)  # (T, B, 1)
+        steps_w, steps_beta, steps_r, steps_sums = self.w.unbind(0), beta.unbind(0), r.unbind(0), sums.unbind(0)
+        for t in range(seq_len - 1, 0, -1):
+            rows = self.running[t]
+            if rows == 0:
+                continue
+            r_t, prev = _prefix(steps_r, t, rows, batch), _prefix(steps_beta, t - 1, rows, batch)
+            torch.mul(_prefix(steps_w, t, rows, batch), _prefix(steps_beta, t, rows, batch), out=r_t)
+            _vec_mat(r_t, self.exp_trans_t, prev, self.scratch)  # sum_j E[i, j] r_t[j]
+            total = _prefix(steps_sums, t - 1, rows, batch)
+            torch.sum(prev, 1, keepdim=True, out=total)
+            prev.div_(total)
+        probs = self.alpha * beta  # (T, B, K)
+        s = probs.sum(2, keepdim=True).masked_fill(~self.real, 1.0)  # (T, B, 1)
+        tiny = torch.finfo(probs.dtype).tiny ** 0.5
+        if not bool(((sums >= tiny) & (s >= tiny)).all()):
+            return None
+        return probs.div_(s), r, s
+
+    def _unsort(self, x: Tensor) -> Tensor:
+        """(T, B, ...) in sorted order -> (B, T, ...) in the batch's order."""
+        return torch.empty_like(x).index_copy_(1, self.order, x).transpose(0, 1)
+
+    def marginals(self) -> Tensor | None:
+        result = self._backward()
+        return None if result is None else self._unsort(result[0]).contiguous()
+
+    def gradients(self, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+        """d(sum_b grad_b log Z_b) / d(emissions, start, transitions, end), or None (precision)."""
+        result = self._backward()
+        if result is None:
+            return None
+        probs, r, s = result
+        g = grad[self.order].view(1, -1, 1)  # (1, B, 1) sorted
+        grad_emissions = self._unsort(probs * g)  # (B, T, K)
+        grad_start = (probs[0] * g[0]).sum(0)  # (K,)
+        last = (self.lengths - 1).clamp(min=0)
+        grad_end = (probs[last, torch.arange(probs.shape[1], device=probs.device)] * g[0]).sum(0)  # (K,)
+        # pair marginals sum_t p_t(i, j) = sum_t a_{t-1}[i] E[i, j] r_t[j] / (n_t S_t)
+        weight = (r[1:] * (g / (self.norm[1:] * s[1:]))).reshape(-1, r.shape[2])  # ((T-1) B, K)
+        pairs = self.alpha[:-1].reshape(-1, r.shape[2]).t() @ weight  # (K, K)
+        return grad_emissions, grad_start, pairs * self.exp_trans, grad_end
+
+
+def _max_plus(delta: Tensor, trans: Tensor, trans_col_max: Tensor, out: tuple[Tensor, Tensor], scratch: Tensor) -> None:
+    """max_i and argmax_i of delta[b, i] + A[i, j], written into ``out`` ((rows, K) each); ``scratch``
+    is a (rows, K, K) buffer.
+
+    With many tags, only the best m previous tags first (m from ``_PRUNE_CANDIDATES``): their best
+    is exact where it is at least the (m+1)-th best delta + max_i A[i, j], a bound on every other
+    tag's score; else the next m, and at last all K.
+    """
+    tags = delta.shape[1]
+    if tags >= _PRUNE_MIN_TAGS:
+        for m in _PRUNE_CANDIDATES:
+            top, index = delta.topk(m + 1, dim=1)  # (rows, m+1), descending
+            rows_of = torch.index_select(trans, 0, index[:, :m].reshape(-1)).view(-1, m, tags)  # (rows, m, K)
+            best, arg = (top[:, :m].unsqueeze(2) + rows_of).max(1)  # (rows, K)
+            if bool((best >= top[:, m:] + trans_col_max).all()):
+                out[0].copy_(best)
+                torch.gather(index, 1, arg, out=out[1])
+                return
+    torch.add(delta.unsqueeze(2), trans, out=scratch)  # (rows, K, K)
+    torch.max(scratch, 1, out=out)
+
+
+def viterbi(emissions: Tensor, mask: Tensor, start: Tensor, trans: Tensor, end: Tensor) -> tuple[Tensor, Tensor]:
+    """Best paths (B, T) (-1 at pads) and their scores (B,) (rows without a real token: 0)."""
+    order, lengths, running = _by_length(mask)
+    batch, seq_len, tags = emissions.shape
+    e = emissions[order].transpose(0, 1).contiguous()  # (T, B, K)
+    back = torch.zeros(seq_len, batch, tags, dtype=torch.long, device=e.device)  # argmax_i per step
+    delta = start + e[0]  # (B, K)
+    best = torch.empty_like(delta)
+    scratch = e.new_empty(batch, tags, tags)
+    col_max = trans.amax(0)  # (K,)
+    steps_e, steps_back = e.unbind(0), back.unbind(0)
+    views_for = 0  # the rows the views below cover
+    for t in range(1, seq_len):
+        rows = running[t]
+        if rows == 0:
+            break
+        if rows != views_for:
+            delta_r, best_r, scratch_r, views_for = delta[:rows], best[:rows], scratch[:rows], rows
+        _max_plus(delta_r, trans, col_max, (best_r, _prefix(steps_back, t, rows, batch)), scratch_r)
+        torch.add(best_r, _prefix(steps_e, t, rows, batch), out=delta_r)
+    score, last = (delta + end).max(1)  # (B,)
+    paths = torch.zeros(seq_len, batch, 1, dtype=torch.long, device=e.device)  # rows not yet started: tag 0
+    steps_path = paths.unbind(0)
+    finished = [*running[1:], 0]  # rows [finished[t], running[t]) end at t
+    for t in range(seq_len - 1, -1, -1):
+        if finished[t] < running[t]:  # each row's backtrace starts at its last token
+            steps_path[t][finished[t] : running[t], 0] = last[finished[t] : running[t]]
+        if t > 0:
+            torch.gather(steps_back[t], 1, steps_path[t], out=steps_path[t - 1])
+    paths = paths.squeeze(2).masked_fill_(torch.arange(seq_len, device=e.device).unsqueeze(1) >= lengths, -1)
+    unsorted = torch.empty_like(paths).index_copy_(1, order, paths).t().contiguous()
+    return unsorted, torch.empty_like(score).index_copy_(0, order, torch.where(lengths > 0, score, 0.0))
+
+
+def viterbi_kbest(
+    emissions: Tensor, mask: Tensor, start: Tensor, trans: Tensor, end: Tensor, k: int
+) -> tuple[Tensor, Tensor]:
+    """The k best paths (B, k, T) (-1 at pads and for missing paths) and scores (B, k), best first.
+
+    delta[b, j, r] is the r-th best score of a path ending in tag j; a step ranks the K k
+    (previous tag, rank) pairs of every tag, keeps the k best and remembers their flat index i k + r.
+    """
+    batch, seq_len, tags = emissions.shape
+    device = emissions.device
+    delta = emissions.new_full((batch, tags, k), float("-inf"))  # (B, K, k); -inf: no such path
+    delta[:, :, 0] = start + emissions[:, 0]
+    identity = torch.arange(tags, device=device) * k + torch.arange(k, device=device).unsqueeze(1)  # (k, K)
+    back = []
+    for t in range(1, seq_len):
+        cand = (delta.unsqueeze(3) + trans.unsqueeze(1)).reshape(batch, tags * k, tags)  # (B, K k, K)
+        best, arg = cand.topk(k, dim=1)  # (B, k, K)
+        running = mask[:, t].view(batch, 1, 1)
+        delta = torch.where(running, best.transpose(1, 2) + emissions[:, t].unsqueeze(2), delta)  # (B, K, k)
+        back.append(torch.where(running, arg, identity).view(batch, k * tags))  # pads keep (tag, rank)
+    scores, flat = (delta + end.view(1, tags, 1)).reshape(batch, tags * k).topk(k, dim=1)  # (B, k)
+    tag, rank = flat // k, flat % k  # (B, k)
+    paths = torch.empty(batch, k, seq_len, dtype=torch.long, device=device)
+    for t in range(seq_len - 1, -1, -1):
+        paths[:, :, t] = tag
+        if t > 0:
+            flat = back[t - 1].gather(1, rank * tags + tag)  # (B, k): the previous (tag, rank)
+            tag, rank = flat // k, flat % k
+    missing = scores == float("-inf")
+    paths.masked_fill_(~mask.unsqueeze(1) | missing.unsqueeze(2), -1)
+    empty = torch.full_like(scores[0], float("-inf"))
+    empty[0] = 0.0  # a row without a real token has one path, the empty one, of score 0
+    return paths, torch.where(mask[:, :1], scores, empty)
