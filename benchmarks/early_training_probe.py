@@ -24,7 +24,7 @@ import time
 from seqzoo.config import load_config
 from seqzoo.training.devices import autocast, model_device, set_seed, set_threads
 from seqzoo.training.optim import build_optimizer, scheduled_lr, update
-from seqzoo.training.runner import task_module
+from seqzoo.training.registry import get_task
 from seqzoo.training.trainer import total_steps
 
 
@@ -40,7 +40,7 @@ def main() -> None:
         parser.error("the probe runs train.precision fp32 or bf16, not fp16")
     set_threads(cfg.train)
     set_seed((cfg.train.seeds or [cfg.train.seed])[0])  # the first seed's run, as seqzoo train's first
-    tasks = task_module(cfg.task).build_tasks(cfg)
+    tasks = get_task(cfg.task).build_tasks(cfg)
     if len(tasks) != 1:
         parser.error(f"{args.config}: the probe needs a single task (no folds), got {len(tasks)}")
     task = tasks[0][1]

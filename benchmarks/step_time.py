@@ -25,7 +25,7 @@ from seqzoo.config import load_config
 from seqzoo.data.io import atomic_write_text
 from seqzoo.training.devices import autocast, model_device, set_seed, set_threads
 from seqzoo.training.optim import build_optimizer, update
-from seqzoo.training.runner import task_module
+from seqzoo.training.registry import get_task
 
 
 def main() -> None:
@@ -42,7 +42,7 @@ def main() -> None:
             extra = [] if precision is None else [f"train.precision={precision}"]
             cfg = load_config(path, [*args.set, *extra])
             set_seed(cfg.train.seed)
-            tasks = task_module(cfg.task).build_tasks(cfg)
+            tasks = get_task(cfg.task).build_tasks(cfg)
             if len(tasks) != 1:
                 parser.error(f"{path}: needs a single task (no folds), got {len(tasks)}")
             task = tasks[0][1]

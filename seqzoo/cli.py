@@ -22,11 +22,12 @@ DEFAULT_CONFIG = Path(__file__).with_name("configs") / "default.yaml"
 #: optimiser's own settings, which its restored state would silently keep (or, for another
 #: optimiser, fail to load). A resume may change the rest: the epoch and step budgets, patience,
 #: the optimiser's schedule, threads, logging. Data paths may move (:data:`DATA_PATHS`); seeds may
-#: only be added (:func:`_seed_list`).
+#: only be added (:func:`_seed_list`). A staged run's stages are fixed as a whole.
 FIXED_ON_RESUME = (
     "task",
     "data",
     "model",
+    "stages",
     "train.batch_size",
     *(f"optim.{key}" for key in ("optimizer", "lr", "weight_decay", "momentum", "alpha", "eps")),
 )
@@ -91,16 +92,17 @@ def _torchrun_argv(args: argparse.Namespace) -> list[str]:
 
 
 def _refuse_part_of_a_run(run_dir: Path, advice: str) -> None:
-    """A ConfigError where ``run_dir`` is a ``seed-N``/``fold-K`` sub-directory of a run (one that
+    """A ConfigError where ``run_dir`` is a ``seed-N``/``fold-K``/stage sub-directory of a run (one that
     has been locked by a training: a user's own folder named so is not): the run trains it, and
     locks only its own root, so a second training there would write into the run's files."""
     from seqzoo.training.rundir import LOCK_NAME
-    from seqzoo.training.runner import run_root
+    from seqzoo.training.runner import locked_root, run_root
 
     real = Path(os.path.realpath(run_dir))
-    root = run_root(real)
+    root = locked_root(real)
     if root != real and (root / LOCK_NAME).exists():
-        raise ConfigError(f"{run_dir} is one seed or fold of the run {root}: " + advice.format(root=root))
+        part = "one seed or fold" if run_root(real) != real else "one stage"
+        raise ConfigError(f"{run_dir} is {part} of the run {root}: " + advice.format(root=root))
 
 
 def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -161,9 +163,9 @@ def _warn_if_training(paths: list[Path]) -> None:
     """A warning for each run among ``paths`` (sub-runs or runs) that a process is training now: what
     is read of it is its latest checkpoint, not its final result."""
     from seqzoo.training.rundir import training_pid
-    from seqzoo.training.runner import run_root
+    from seqzoo.training.runner import locked_root
 
-    for root in dict.fromkeys(run_root(Path(p)) for p in paths):
+    for root in dict.fromkeys(locked_root(Path(p)) for p in paths):
         pid = training_pid(root)
         if pid is not None:
             log.warning("%s is being trained (pid %s): what is read of it is its latest checkpoint so far", root, pid)
@@ -213,14 +215,23 @@ def _predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _capability(task: Any, sub: Path, name: str, what: str) -> Any:
+    """The function ``name`` that the registered task of ``task`` offers (``sample``, ...); a
+    :class:`ConfigError` naming the run where its task has none."""
+    from seqzoo.training.registry import get_task
+
+    found = get_task(task.config.task).capabilities.get(name)
+    if found is None:
+        raise ConfigError(f"{sub}: a {task.config.task} run cannot {what} (its task has no {name!r})")
+    return found
+
+
 def _sample(args: argparse.Namespace) -> int:
-    from seqzoo.tasks.lm import LMTask, sample
     from seqzoo.training.runner import load_task
 
     runs = _trained_runs(args.run_dir)
     task = load_task(runs[0], with_data=False)
-    if not isinstance(task, LMTask):
-        raise ConfigError(f"{runs[0]}: not a language model run")
+    sample = _capability(task, runs[0], "sample", "generate text")
     try:
         text = sample(task, args.length, args.temperature, args.prime, args.seed, args.top_p)
     except ValueError as err:  # --length < 0, --temperature <= 0, --top-p outside (0, 1]
@@ -261,7 +272,6 @@ def _plot_zones(args: argparse.Namespace) -> int:
 
 
 def _plot_lengths(args: argparse.Namespace) -> int:
-    from seqzoo.tasks.lm import LMTask, loss_by_length_bucket, plot_length_buckets
     from seqzoo.training.runner import load_task
 
     try:
@@ -270,19 +280,19 @@ def _plot_lengths(args: argparse.Namespace) -> int:
         raise ConfigError(f"--boundaries must be comma-separated integers, got {args.boundaries!r}") from None
     if boundaries[0] < 1:
         raise ConfigError(f"--boundaries must be line lengths >= 1, got {args.boundaries!r}")
-    series, metric = {}, None
+    series, metric, plot = {}, None, None
     for run_dir, label in zip(args.run_dirs, _plot_labels(args.run_dirs), strict=True):
         sub = _trained_runs(run_dir)[0]
         task = load_task(sub, data_paths=args.set)
-        if not isinstance(task, LMTask):
-            raise ConfigError(f"{sub}: not a language model run")
+        loss_by_length_bucket = _capability(task, sub, "length_buckets", "score by sequence length")
+        plot = _capability(task, sub, "plot_length_buckets", "plot scores by sequence length")
         if metric not in (None, task.metric):
             raise ConfigError(f"{sub}: reports {task.metric}, the runs before it {metric}; plot one level at a time")
         metric = task.metric
         series[label] = buckets = loss_by_length_bucket(task, args.split, boundaries)
         for bucket in buckets:
             print(json.dumps({"run": str(sub), "split": args.split, **bucket}))
-    print(plot_length_buckets(series, args.out, metric))
+    print(plot(series, args.out, metric))
     return 0
 
 

@@ -23,20 +23,19 @@ from typing import Any, Literal
 import yaml
 
 __all__ = [
-    "ABSADataConfig",
-    "ClassificationDataConfig",
     "ConfigError",
-    "LMDataConfig",
     "ModelConfig",
     "OptimConfig",
     "RunConfig",
+    "StageConfig",
     "TrainConfig",
-    "TranslationDataConfig",
     "config_from_dict",
     "config_to_dict",
     "inert_keys",
     "load_config",
     "names_config_errors",
+    "require_ranges",
+    "stage_config",
 ]
 
 
@@ -44,7 +43,7 @@ class ConfigError(ValueError):
     """A config key or value is invalid; the message names the dotted key."""
 
 
-def _require(
+def require_ranges(
     config: object, *, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = (), rate: tuple[str, ...] = ()
 ) -> None:
     """Range checks of a config's fields: ``positive`` > 0, ``non_negative`` >= 0, ``rate`` in [0, 1).
@@ -61,85 +60,6 @@ def _require(
             value = getattr(config, name)
             if any(not ok(v) for v in (value if isinstance(value, list) else [value]) if v is not None):
                 raise ConfigError(f"{name}: must be {bound}, got {value!r}")
-
-
-@dataclass
-class ClassificationDataConfig:
-    """Fudan-format classification data: ``{data_dir}/{name}.{train,dev,test}[.gz]``."""
-
-    name: str = "movie_snippets"
-    data_dir: str | None = None  # None = the corpus bundled with seqzoo
-    lowercase: bool = True
-    split_hyphens: bool = False  # well-acted -> well - acted (better pretrained-vector coverage)
-    min_freq: int = 1
-    max_vocab: int | None = None
-    max_len: int | None = None  # truncate longer texts to their first max_len tokens, in every split
-    embeddings: str | None = None  # GloVe-format text vectors (.txt or .gz)
-    embedding_dim: int = 50
-    freeze_embeddings: bool = False
-    folds: int = 5  # k-fold cross-validation when the task has no test split
-    # Held out of train when the task has no dev split, drawn with train.seed (so each seed of a
-    # multi-seed run holds out its own dev set; ABSA draws its with a fixed data.dev_seed).
-    dev_fraction: float = 0.1
-
-    def __post_init__(self) -> None:
-        _require(
-            self, positive=("min_freq", "max_vocab", "max_len", "embedding_dim", "dev_fraction"), rate=("dev_fraction",)
-        )
-        if self.folds < 2:
-            raise ConfigError(f"folds: must be >= 2, got {self.folds!r}")
-
-
-@dataclass
-class LMDataConfig:
-    """Language-modelling corpus: ``{data_dir}/{train,valid,test}.txt[.gz]``."""
-
-    data_dir: str = ""
-    level: Literal["word", "char"] = "word"
-    batch_size: int = 20
-    eval_batch_size: int = 10
-    bptt: int = 35
-    embedding_dim: int = 256
-
-    def __post_init__(self) -> None:
-        _require(self, positive=("batch_size", "eval_batch_size", "bptt", "embedding_dim"))
-
-
-@dataclass
-class ABSADataConfig:
-    """SemEval-2014 Task 4 aspect-term XML files (:mod:`seqzoo.tasks.absa`)."""
-
-    train: str = ""
-    test: str = ""
-    dev: str | None = None  # None = dev_fraction of the train sentences held out (seed dev_seed)
-    dev_fraction: float = 0.1
-    dev_seed: int = 13  # fixed, so seeds of a multi-seed run share one dev set
-    subset: Literal["ds", "hds"] = "ds"  # evaluation sets (dev and test): all, or the hard sentences
-    lowercase: bool = True
-    min_freq: int = 1
-    embeddings: str | None = None  # GloVe-format text vectors (.txt or .gz)
-    embedding_dim: int = 300
-    freeze_embeddings: bool = False
-
-    def __post_init__(self) -> None:
-        _require(self, positive=("dev_fraction", "min_freq", "embedding_dim"), rate=("dev_fraction",))
-
-
-@dataclass
-class TranslationDataConfig:
-    """Line-aligned parallel text ``{data_dir}/{train,dev,test}.{source,target}[.gz]``, characters."""
-
-    data_dir: str = ""
-    source: str = "de"
-    target: str = "en"
-    max_chars: int | None = 300  # training pairs with a longer side are dropped (the paper: 300)
-    min_freq: int = 1
-    embedding_dim: int = 320
-    beam_size: int = 8  # dev / test decoding (MODELS.md 1.8)
-    length_alpha: float = 0.6  # α of the beam ranking criterion
-
-    def __post_init__(self) -> None:
-        _require(self, positive=("max_chars", "min_freq", "embedding_dim", "beam_size"), non_negative=("length_alpha",))
 
 
 @dataclass
@@ -161,7 +81,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         sizes = ("mlp_hidden", "embedding_init", "char_embedding_dim", "char_hidden_size", "char_kernel_size")
-        _require(self, positive=sizes, rate=("embedding_dropout", "dropout"))
+        require_ranges(self, positive=sizes, rate=("embedding_dropout", "dropout"))
         if self.char_encoder == "lstm" and self.char_hidden_size % 2:
             raise ConfigError(f"char_hidden_size: must be even with char_encoder lstm, got {self.char_hidden_size}")
 
@@ -188,8 +108,8 @@ class OptimConfig:
     warmup_steps: int = 0  # any schedule: the LR rises linearly over the first steps, lr / warmup_steps to lr
 
     def __post_init__(self) -> None:
-        _require(self, positive=("lr", "eps", "clip_norm", "decay"), rate=("momentum", "alpha"))
-        _require(self, non_negative=("weight_decay", "decay_start", "min_lr", "warmup_steps"))
+        require_ranges(self, positive=("lr", "eps", "clip_norm", "decay"), rate=("momentum", "alpha"))
+        require_ranges(self, non_negative=("weight_decay", "decay_start", "min_lr", "warmup_steps"))
 
 
 @dataclass
@@ -219,7 +139,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         names = ("epochs", "max_steps", "batch_size", "eval_batch_size", "patience", "threads", "log_every")
         names += ("dist_timeout",)
-        _require(self, positive=names, non_negative=("checkpoint_every",))
+        require_ranges(self, positive=names, non_negative=("checkpoint_every",))
         if len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"seeds: each seed once, got {self.seeds}")
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
@@ -227,24 +147,47 @@ class TrainConfig:
 
 
 @dataclass
+class StageConfig:
+    """One stage of a staged run (:attr:`RunConfig.stages`): ``name`` (its sub-directory ``RUN/NAME``),
+    ``init_from`` (an earlier stage whose best checkpoint gives the weights whose names and shapes match),
+    ``freeze`` (parameter-name prefixes kept fixed, e.g. ``encoder.``) and ``overrides``: the stage's
+    ``task``/``data``/``model``/``optim``/``train`` keys, set over the run's own (:func:`stage_config`)."""
+
+    name: str
+    init_from: str | None = None
+    freeze: list[str] = field(default_factory=list)
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class RunConfig:
-    task: Literal["classification", "lm", "absa", "translation"] = "classification"
+    """A run: ``task`` (a registered task, :mod:`seqzoo.training.registry`) and its sections.
+
+    ``stages``, when given, makes a staged run: each stage trains in turn with the run's config
+    overridden by the stage's keys, e.g. pretraining and fine-tuning with a frozen encoder::
+
+        stages:
+          - name: pretrain
+            data: {name: corpus_a}
+          - name: finetune
+            init_from: pretrain     # start from the pretrain stage's best weights (matching names and shapes)
+            freeze: [encoder.]      # parameters whose names start so are not trained
+            data: {name: corpus_b}
+            optim: {lr: 0.0005}
+    """
+
+    task: str = "classification"
     name: str = "run"
     output_dir: str = "runs"
-    data: ClassificationDataConfig | LMDataConfig | ABSADataConfig | TranslationDataConfig = field(
-        default_factory=ClassificationDataConfig
-    )
+    data: Any = None  # the task's data config (its registered ``data_config``), set by config_from_dict
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    stages: list[StageConfig] = field(default_factory=list)
 
 
-_DATA_CONFIGS = {
-    "classification": ClassificationDataConfig,
-    "lm": LMDataConfig,
-    "absa": ABSADataConfig,
-    "translation": TranslationDataConfig,
-}
+#: The sections a stage may override.
+_STAGE_SECTIONS = ("task", "data", "model", "optim", "train")
 
 
 def _check_value(value: Any, hint: Any, key: str) -> Any:
@@ -310,25 +253,98 @@ def _build(cls: type, values: Any, prefix: str) -> Any:
         raise ConfigError(f"{prefix}.{err}" if prefix else str(err)) from None
 
 
+def _task_spec(task: Any) -> Any:
+    """The registered task ``task`` names (:func:`seqzoo.training.registry.get_task`)."""
+    from seqzoo.training.registry import available_tasks, get_task
+
+    if not isinstance(task, str) or task not in available_tasks():
+        raise ConfigError(f"task: {task!r} is not one of {', '.join(map(repr, available_tasks()))}")
+    return get_task(task)
+
+
 def config_from_dict(values: dict[str, Any]) -> RunConfig:
     """Build and validate a :class:`RunConfig` from a plain dict (YAML content)."""
     values = dict(values)
-    task = values.get("task", "classification")
-    if not isinstance(task, str) or task not in _DATA_CONFIGS:
-        raise ConfigError(f"task: {task!r} is not one of {', '.join(map(repr, _DATA_CONFIGS))}")
-    data = _build(_DATA_CONFIGS[task], values.pop("data", {}) or {}, "data")
+    spec = _task_spec(values.get("task", "classification"))
+    data = _build(spec.data_config, values.pop("data", {}) or {}, "data")
+    stages = values.pop("stages", []) or []
     config = _build(RunConfig, values, "")
     config.data = data
+    config.stages = _stages(config, stages)
     return config
+
+
+def _stages(config: RunConfig, values: Any) -> list[StageConfig]:
+    """The ``stages`` list checked: unique names, ``init_from`` an earlier stage, and each stage's
+    config (the run's, overridden by it) valid."""
+    if not isinstance(values, list):
+        raise ConfigError(f"stages: expected a list, got {values!r}")
+    stages: list[StageConfig] = []
+    for i, raw in enumerate(values):
+        key = f"stages[{i}]"
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+            raise ConfigError(f"{key}: expected a mapping with a name, got {raw!r}")
+        raw = dict(raw)
+        name = raw.pop("name")
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name) or re.fullmatch(r"(seed|fold)-\d+", name):
+            raise ConfigError(f"{key}.name: {name!r} is no stage directory name (letters, digits, _ . -)")
+        if name in (s.name for s in stages):
+            raise ConfigError(f"{key}.name: two stages are named {name!r}")
+        init_from, freeze = raw.pop("init_from", None), raw.pop("freeze", [])
+        if init_from is not None and init_from not in (s.name for s in stages):
+            raise ConfigError(f"{key}.init_from: {init_from!r} is not an earlier stage")
+        freeze = _check_value(freeze, list[str], f"{key}.freeze")
+        unknown = [k for k in raw if k not in _STAGE_SECTIONS]
+        if unknown:
+            raise ConfigError(
+                f"unknown key {key}.{unknown[0]} (valid: name, init_from, freeze, {', '.join(_STAGE_SECTIONS)})"
+            )
+        stage = StageConfig(name, init_from, freeze, raw)
+        try:
+            _refuse_inert(stage_config(config, stage), {key: key for key in _given_keys(raw)})
+        except ConfigError as err:
+            raise ConfigError(f"{key} ({name}): {err}") from None
+        stages.append(stage)
+    return stages
+
+
+def _merged(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over``'s keys set, section by section (``encoder_args`` is one value)."""
+    merged = dict(base)
+    for key, value in over.items():
+        both = isinstance(value, Mapping) and isinstance(merged.get(key), dict) and key != "encoder_args"
+        merged[key] = _merged(merged[key], value) if both else copy.deepcopy(value)
+    return merged
+
+
+def stage_config(config: RunConfig, stage: StageConfig) -> RunConfig:
+    """The config ``stage`` trains with: ``config`` (without its stages) overridden by the stage's keys;
+    a stage of another task starts from that task's data defaults, not from the run's data section."""
+    values = config_to_dict(config)
+    values.pop("stages", None)
+    if stage.overrides.get("task", config.task) != config.task:
+        values.pop("data")
+    return config_from_dict(_merged(values, stage.overrides))
 
 
 def config_to_dict(config: RunConfig) -> dict[str, Any]:
     """``config`` as a plain dict, without the keys that have no effect in it (:func:`inert_keys`),
     so that a stored run config loads again with :func:`load_config` as a new run's config."""
-    values = dataclasses.asdict(config)
+    values = dataclasses.asdict(dataclasses.replace(config, stages=[]))
     for key in inert_keys(config):
         section, name = key.split(".")
         del values[section][name]
+    values["stages"] = [
+        {
+            "name": s.name,
+            **({"init_from": s.init_from} if s.init_from else {}),
+            **({"freeze": s.freeze} if s.freeze else {}),
+            **s.overrides,
+        }
+        for s in config.stages
+    ]
+    if not values["stages"]:
+        del values["stages"]
     return values
 
 
@@ -374,13 +390,6 @@ def apply_override(values: dict[str, Any], assignment: str) -> None:
         raise ConfigError(f"override {key}: invalid YAML value {raw!r} ({getattr(err, 'problem', err)})") from None
 
 
-#: The ``model`` keys each recipe reads; the others have no effect in that task.
-_MODEL_KEYS = {
-    "classification": {"encoder", "encoder_args", "pooler", "mlp_hidden", "embedding_dropout", "dropout"},
-    "lm": {"encoder", "encoder_args", "embedding_dropout", "dropout", "tie_weights", "embedding_init"},
-    "absa": {"encoder", "encoder_args", "pooler", "embedding_dropout", "dropout"},
-    "translation": {"encoder", "encoder_args", "dropout"},
-}
 _EPOCH_SCHEDULES = ("plateau", "exponential", "step_after")
 
 
@@ -388,20 +397,15 @@ def inert_keys(config: RunConfig) -> dict[str, str]:
     """The dotted keys that have no effect under ``config``, each with the reason (a set value would
     be ignored silently: ``train.batch_size`` in a language model, ``optim.momentum`` with Adam, ...)."""
     task, data, optim, train = config.task, config.data, config.optim, config.train
+    spec = _task_spec(task)
     inert = {
         f"model.{f.name}": f"the {task} recipe does not use it"
         for f in dataclasses.fields(ModelConfig)
-        if f.name not in _MODEL_KEYS[task]
+        if f.name not in spec.model_keys
     }
-    if task == "translation" and data.beam_size == 1:
-        inert["data.length_alpha"] = "greedy decoding (data.beam_size 1) ranks a single hypothesis"
-    if task == "lm":
-        inert["train.batch_size"] = "a language model batches by data.batch_size"
-        inert["train.eval_batch_size"] = "a language model evaluates with data.eval_batch_size"
+    inert.update(spec.inert_keys(config))
     if getattr(data, "embeddings", None) is not None:
         inert["data.embedding_dim"] = "the vectors of data.embeddings set the embedding size"
-    if task == "absa" and data.dev is not None:
-        inert["data.dev_fraction"] = inert["data.dev_seed"] = "data.dev gives the dev set"
     if train.seeds:
         inert["train.seed"] = "train.seeds lists the seeds"
     if optim.optimizer not in ("sgd", "rmsprop"):

@@ -2,14 +2,9 @@ import re
 
 import pytest
 
-from seqzoo.config import (
-    ClassificationDataConfig,
-    ConfigError,
-    LMDataConfig,
-    config_to_dict,
-    inert_keys,
-    load_config,
-)
+from seqzoo.config import ConfigError, config_to_dict, inert_keys, load_config
+from seqzoo.tasks.classification import ClassificationDataConfig
+from seqzoo.tasks.lm import LMDataConfig
 
 
 def test_yaml_and_overrides(tmp_path):

@@ -7,7 +7,7 @@ or DT-GRU, i.e. ``encoder_args={"bidirectional": True, ...}``) -> pooling over t
 aspect's word embeddings, from the same embedding table) -> linear -> logits over
 :data:`~seqzoo.data.absa.POLARITIES` (softmax in the loss).
 
-Data (:class:`~seqzoo.config.ABSADataConfig`): SemEval-2014 Task 4 XML files. SemEval ships
+Data (:class:`ABSADataConfig`): SemEval-2014 Task 4 XML files. SemEval ships
 train and test only, so without ``data.dev`` the dev set is ``data.dev_fraction`` of the train
 *sentences* held out with the fixed ``data.dev_seed`` (all seeds of a run share it).
 ``data.subset`` chooses the evaluation sets, as in the paper (after Xue & Li 2018): ``ds`` is
@@ -23,27 +23,28 @@ Metric: ``accuracy`` over the evaluation examples (one per aspect term), all fou
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqzoo.config import ABSADataConfig, RunConfig, names_config_errors, with_recipe_arguments
+from seqzoo.config import RunConfig, names_config_errors, require_ranges, with_recipe_arguments
 from seqzoo.data.absa import POLARITIES, AspectExample, hard_subset, hold_out_sentences, read_semeval2014
-from seqzoo.data.batching import bucket_batches, pad_batch
+from seqzoo.data.batching import pad_batch
+from seqzoo.data.chars import build_char_vocab, encode_chars, pad_chars
 from seqzoo.data.errors import DataError
 from seqzoo.data.text import Tokenizer, Vocab
-from seqzoo.embedders import TokenEmbedder
-from seqzoo.encoders.base import build_encoder, module_mode
+from seqzoo.embedders import CHAR_KEYS, TokenEmbedder
+from seqzoo.encoders.base import build_encoder
 from seqzoo.heads.poolers import build_pooler
-from seqzoo.tasks.common import accuracy_and_loss, class_probabilities, epoch_seed, pretrained_vectors
+from seqzoo.tasks.common import ClassifierTask, pretrained_vectors, restore
 from seqzoo.training.devices import resolve_device
-from seqzoo.training.task import StepLoss
+from seqzoo.training.registry import register_task
 
 __all__ = [
+    "ABSADataConfig",
     "ABSATask",
     "AspectBatch",
     "AspectSentimentClassifier",
@@ -54,6 +55,26 @@ __all__ = [
     "load_trained",
     "make_batch",
 ]
+
+
+@dataclass
+class ABSADataConfig:
+    """SemEval-2014 Task 4 aspect-term XML files (module docstring)."""
+
+    train: str = ""
+    test: str = ""
+    dev: str | None = None  # None = dev_fraction of the train sentences held out (seed dev_seed)
+    dev_fraction: float = 0.1
+    dev_seed: int = 13  # fixed, so seeds of a multi-seed run share one dev set
+    subset: Literal["ds", "hds"] = "ds"  # evaluation sets (dev and test): all, or the hard sentences
+    lowercase: bool = True
+    min_freq: int = 1
+    embeddings: str | None = None  # GloVe-format text vectors (.txt or .gz)
+    embedding_dim: int = 300
+    freeze_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        require_ranges(self, positive=("dev_fraction", "min_freq", "embedding_dim"), rate=("dev_fraction",))
 
 
 @dataclass
@@ -167,15 +188,16 @@ def load_splits(cfg: ABSADataConfig) -> dict[str, list[AspectExample]]:
     return splits
 
 
-class ABSATask:
-    """The :class:`seqzoo.training.trainer.Task` for aspect-term sentiment classification.
+class ABSATask(ClassifierTask):
+    """The :class:`seqzoo.training.trainer.Task` for aspect-term sentiment classification (batching,
+    evaluation and prediction: :class:`~seqzoo.tasks.common.ClassifierTask`; the model reads the
+    sentence and the aspect term).
 
     ``vocab``, ``tokenizer`` and ``embedding_dim`` are given when loading a trained model
     (``embedding_dim`` then skips the vector file: the checkpoint has the embeddings).
     """
 
-    metric = "accuracy"
-    higher_is_better = True
+    label_names = POLARITIES
 
     def __init__(
         self,
@@ -184,6 +206,7 @@ class ABSATask:
         vocab: Vocab | None = None,
         tokenizer: Tokenizer | None = None,
         embedding_dim: int | None = None,
+        chars: Vocab | None = None,
     ) -> None:
         self.config = config
         data: ABSADataConfig = config.data
@@ -192,76 +215,66 @@ class ABSATask:
         if vocab is None:
             vocab = Vocab.build([self.tokenizer(e.text) for e in splits["train"]], min_freq=data.min_freq)
         self.vocab = vocab
-        # Encoded once: batches only pad (the data never changes between epochs).
-        self.encoded = {name: encode_examples(examples, vocab, self.tokenizer) for name, examples in splits.items()}
-        dim, vectors = pretrained_vectors(data.embeddings, self.vocab, data.embedding_dim, embedding_dim)
         model = config.model
+        #: The character vocabulary, when the model reads character features (else None).
+        self.chars = None
+        if model.char_encoder != "none":
+            self.chars = chars or build_char_vocab(self.tokenizer(e.text) for e in splits["train"])
+        # Encoded once: batches only pad (the data never changes between epochs).
+        self.encoded = {name: self._encode(examples) for name, examples in splits.items()}
+        dim, vectors = pretrained_vectors(data.embeddings, self.vocab, data.embedding_dim, embedding_dim)
         with names_config_errors("model"):
             self.model = AspectSentimentClassifier(
                 len(self.vocab), dim, model.encoder, model.encoder_args, dropout=model.dropout,
-                embedding_dropout=model.embedding_dropout, pooler=model.pooler,
+                embedding_dropout=model.embedding_dropout, pooler=model.pooler, vectors=vectors,
+                freeze_embeddings=data.freeze_embeddings, char_encoder=model.char_encoder,
+                num_chars=len(self.chars) if self.chars else 0, char_embedding_dim=model.char_embedding_dim,
+                char_hidden_size=model.char_hidden_size, char_kernel_size=model.char_kernel_size,
             )  # fmt: skip
-        if vectors is not None:
-            with torch.no_grad():
-                self.model.embedding.weight.copy_(vectors)
-        self.model.embedding.weight.requires_grad_(not data.freeze_embeddings)
         self.device = resolve_device(config.train.device)
         self.model.to(self.device)
 
-    def _batch(self, split: str, indices: list[int]) -> AspectBatch:
-        encoded = self.encoded[split]
-        batch = collate([encoded[i] for i in indices], self.vocab.pad_id)
-        return AspectBatch(**{f.name: getattr(batch, f.name).to(self.device) for f in fields(batch)})
-
-    def _logits(self, batch: AspectBatch) -> Tensor:
-        return self.model(batch.ids, batch.mask, batch.aspect_ids, batch.aspect_mask)
-
-    def _lengths(self, split: str) -> list[int]:
-        """Sentence lengths in tokens, for length bucketing."""
-        return [len(e[0]) for e in self.encoded[split]]
-
-    def train_batches(self, epoch: int) -> list[list[int]]:
-        seed = epoch_seed(self.config.train.seed, epoch)
-        return bucket_batches(self._lengths("train"), self.config.train.batch_size, shuffle=True, seed=seed)
-
-    def train_loss(self, batch: list[int]) -> StepLoss:
-        data = self._batch("train", batch)
-        loss = F.cross_entropy(self._logits(data), data.labels)
-        return StepLoss.plus(loss, self.model.auxiliary_loss(), int(data.mask.sum()), len(batch))
-
     def evaluate(self, split: str) -> dict[str, float]:
         """``accuracy`` and mean cross-entropy ``loss`` over the examples of ``split``, and their number."""
-        size = self.config.train.eval_batch_size
-        batches = (self._batch(split, idx) for idx in bucket_batches(self._lengths(split), size, shuffle=False))
-        metrics = accuracy_and_loss(self.model, ((self._logits(b), b.labels) for b in batches))
-        return {**metrics, "examples": len(self.splits[split])}
+        return {**super().evaluate(split), "examples": len(self.splits[split])}
 
-    @torch.no_grad()
-    def predict(self, texts: list[str]) -> list[dict[str, Any]]:
-        """``seqzoo predict``: each text is ``sentence<TAB>aspect term``; gives the aspect, its most
-        probable polarity and each polarity's probability. A text without the tab raises a
-        :class:`DataError` with its (1-based) position as ``line``."""
-        pairs = []
-        for line, text in enumerate(texts, 1):
-            sentence, _, aspect = text.partition("\t")
-            if text.count("\t") != 1 or not (sentence.strip() and aspect.strip()):
-                raise DataError(f"expected 'sentence<TAB>aspect term', got {text!r}", line=line)
-            pairs.append((sentence, aspect.strip()))
+    def _encode_text(self, text: str, line: int) -> tuple[tuple[list[int], ...], dict[str, Any]]:
+        """``seqzoo predict`` reads ``sentence<TAB>aspect term`` (its record shows the aspect); a text
+        without the tab raises a :class:`DataError` with its (1-based) position as ``line``."""
+        sentence, _, aspect = text.partition("\t")
+        if text.count("\t") != 1 or not (sentence.strip() and aspect.strip()):
+            raise DataError(f"expected 'sentence<TAB>aspect term', got {text!r}", line=line)
         unk = [self.vocab.token_to_id(Vocab.UNK)]
-        results: list[dict[str, Any]] = []
-        size = self.config.train.eval_batch_size
-        with module_mode(self.model, training=False):
-            for start in range(0, len(pairs), size):
-                chunk = pairs[start : start + size]
-                ids, mask = pad_batch([self.vocab.encode(self.tokenizer(s)) or unk for s, _ in chunk])
-                aspect_ids, aspect_mask = pad_batch([self.vocab.encode(self.tokenizer(a)) or unk for _, a in chunk])
-                tensors = (t.to(self.device) for t in (ids, mask, aspect_ids, aspect_mask))
-                rows = class_probabilities(self.model(*tensors), POLARITIES)
-                results.extend({"aspect": aspect, **row} for (_, aspect), row in zip(chunk, rows, strict=True))
-        return results
+        ids = (
+            self.vocab.encode(self.tokenizer(sentence)) or unk,
+            self.vocab.encode(self.tokenizer(aspect.strip())) or unk,
+        )
+        return self._with_chars(ids, sentence), {"aspect": aspect.strip()}
+
+    def _encode(self, examples: list[AspectExample]) -> list[tuple[tuple[Any, ...], int]]:
+        """Each example's (sentence ids, aspect ids[, sentence char ids]) and polarity index."""
+        encoded = encode_examples(examples, self.vocab, self.tokenizer)
+        pairs = zip(encoded, examples, strict=True)
+        return [(self._with_chars((ids, aspect), example.text), y) for (ids, aspect, y), example in pairs]
+
+    def _with_chars(self, sequences: tuple[Any, ...], sentence: str) -> tuple[Any, ...]:
+        """``sequences``, then the char ids of the sentence's tokens when the model reads character
+        features (a sentence without tokens, whose ids are one ``<unk>``, is one word without characters)."""
+        if self.chars is None:
+            return sequences
+        return (*sequences, encode_chars(self.tokenizer(sentence), self.chars) or [[]])
+
+    def _inputs(self, sequences: Sequence[tuple[Any, ...]]) -> list[Tensor]:
+        """The ids and masks of :meth:`ClassifierTask._inputs`, then the sentence's char ids (B, T, C)
+        where the model reads them (each example's last sequence, from :meth:`_with_chars`)."""
+        if self.chars is None:
+            return super()._inputs(sequences)
+        inputs = super()._inputs([s[:-1] for s in sequences])
+        return [*inputs, pad_chars([s[-1] for s in sequences], inputs[0].shape[1]).to(self.device)]
 
     def documents(self) -> dict[str, Any]:
-        return {"vocab.json": self.vocab.to_dict(), "tokenizer.json": self.tokenizer.to_dict()}
+        chars = {} if self.chars is None else {"chars.json": self.chars.to_dict()}
+        return {"vocab.json": self.vocab.to_dict(), "tokenizer.json": self.tokenizer.to_dict(), **chars}
 
 
 def build_tasks(config: RunConfig) -> list[tuple[str, ABSATask]]:
@@ -271,16 +284,22 @@ def build_tasks(config: RunConfig) -> list[tuple[str, ABSATask]]:
 
 def load_trained(config: RunConfig, best: Path, with_data: bool = True) -> ABSATask:
     """Rebuild a trained model from a ``best/`` checkpoint directory."""
-    from seqzoo.data.io import read_json
-    from seqzoo.training.checkpoint import load_tensors, load_weights
+    splits = load_splits(config.data) if with_data else {}
 
-    tensors = load_tensors(best / "model.safetensors")
-    task = ABSATask(
-        config,
-        load_splits(config.data) if with_data else {},
-        vocab=Vocab.from_dict(read_json(best / "vocab.json")),
-        tokenizer=Tokenizer.from_dict(read_json(best / "tokenizer.json")),
-        embedding_dim=tensors["embedding.weight"].shape[1],
-    )
-    load_weights(task.model, best / "model.safetensors", tensors)
-    return task
+    return restore(best, lambda checkpoint: ABSATask(config, splits, **checkpoint.text_inputs(config)))
+
+
+def _inert_keys(config: RunConfig) -> dict[str, str]:
+    if config.data.dev is None:
+        return {}
+    return dict.fromkeys(("data.dev_fraction", "data.dev_seed"), "data.dev gives the dev set")
+
+
+register_task(
+    "absa",
+    data_config=ABSADataConfig,
+    model_keys={"encoder", "encoder_args", "pooler", "embedding_dropout", "dropout", *CHAR_KEYS},
+    build_tasks=build_tasks,
+    load_trained=load_trained,
+    inert_keys=_inert_keys,
+)

@@ -7,27 +7,67 @@ turns the run into k-fold cross-validation (``data.folds``), one sub-run per fol
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqzoo.config import ClassificationDataConfig, ModelConfig, RunConfig, names_config_errors, with_recipe_arguments
-from seqzoo.data.batching import bucket_batches, pad_batch
+from seqzoo.config import (
+    ConfigError,
+    ModelConfig,
+    RunConfig,
+    names_config_errors,
+    require_ranges,
+    with_recipe_arguments,
+)
+from seqzoo.data.chars import build_char_vocab, encode_chars, pad_chars
 from seqzoo.data.classification import ClassificationData, LabeledText, LabelSet, bundled_corpus_dir
 from seqzoo.data.errors import DataError
 from seqzoo.data.text import Tokenizer, Vocab
-from seqzoo.embedders import TokenEmbedder
-from seqzoo.encoders.base import build_encoder, module_mode
+from seqzoo.embedders import CHAR_KEYS, TokenEmbedder
+from seqzoo.encoders.base import build_encoder
 from seqzoo.heads.poolers import build_pooler
-from seqzoo.tasks.common import accuracy_and_loss, class_probabilities, epoch_seed, pretrained_vectors
+from seqzoo.tasks.common import Checkpoint, ClassifierTask, pretrained_vectors, restore
 from seqzoo.training.devices import resolve_device
-from seqzoo.training.task import StepLoss
+from seqzoo.training.registry import register_task
 
-__all__ = ["ClassificationTask", "TextClassifier", "build_tasks", "load_data", "load_trained"]
+__all__ = [
+    "ClassificationDataConfig",
+    "ClassificationTask",
+    "TextClassifier",
+    "build_tasks",
+    "load_data",
+    "load_trained",
+]
+
+
+@dataclass
+class ClassificationDataConfig:
+    """Fudan-format classification data: ``{data_dir}/{name}.{train,dev,test}[.gz]``."""
+
+    name: str = "movie_snippets"
+    data_dir: str | None = None  # None = the corpus bundled with seqzoo
+    lowercase: bool = True
+    split_hyphens: bool = False  # well-acted -> well - acted (better pretrained-vector coverage)
+    min_freq: int = 1
+    max_vocab: int | None = None
+    max_len: int | None = None  # truncate longer texts to their first max_len tokens, in every split
+    embeddings: str | None = None  # GloVe-format text vectors (.txt or .gz)
+    embedding_dim: int = 50
+    freeze_embeddings: bool = False
+    folds: int = 5  # k-fold cross-validation when the task has no test split
+    # Held out of train when the task has no dev split, drawn with train.seed (so each seed of a
+    # multi-seed run holds out its own dev set; ABSA draws its with a fixed data.dev_seed).
+    dev_fraction: float = 0.1
+
+    def __post_init__(self) -> None:
+        require_ranges(
+            self, positive=("min_freq", "max_vocab", "max_len", "embedding_dim", "dev_fraction"), rate=("dev_fraction",)
+        )
+        if self.folds < 2:
+            raise ConfigError(f"folds: must be >= 2, got {self.folds!r}")
 
 
 class TextClassifier(nn.Module):
@@ -88,11 +128,9 @@ def load_data(cfg: ClassificationDataConfig, seed: int) -> ClassificationData:
     return ClassificationData.from_dir(data_dir, cfg.name, dev_fraction=cfg.dev_fraction, seed=seed)
 
 
-class ClassificationTask:
-    """The :class:`seqzoo.training.trainer.Task` for text classification."""
-
-    metric = "accuracy"
-    higher_is_better = True
+class ClassificationTask(ClassifierTask):
+    """The :class:`seqzoo.training.trainer.Task` for text classification (batching, evaluation and
+    prediction: :class:`~seqzoo.tasks.common.ClassifierTask`)."""
 
     def __init__(
         self,
@@ -102,6 +140,7 @@ class ClassificationTask:
         labels: LabelSet | None = None,
         tokenizer: Tokenizer | None = None,
         embedding_dim: int | None = None,
+        chars: Vocab | None = None,
     ) -> None:
         self.config = config
         data: ClassificationDataConfig = config.data
@@ -109,6 +148,7 @@ class ClassificationTask:
         tokens = {name: [self._tokens(ex.text) for ex in split] for name, split in splits.items()}
         self.vocab = vocab or self._build_vocab(tokens["train"])
         self.labels = labels or LabelSet(ex.label for ex in splits["train"])
+        self.label_names = list(self.labels)
         self.splits = {
             name: _Split(
                 [self.vocab.encode(t) or [self.vocab.token_to_id(Vocab.UNK)] for t in tokens[name]],
@@ -116,12 +156,18 @@ class ClassificationTask:
             )
             for name, split in splits.items()
         }
+        #: The character vocabulary, when the model reads character features (else None).
+        self.chars = None if config.model.char_encoder == "none" else chars or build_char_vocab(tokens["train"])
+        self.encoded = {
+            name: [(self._with_chars((ids,), t), y) for ids, y, t in zip(s.ids, s.labels, tokens[name], strict=True)]
+            for name, s in self.splits.items()
+        }
         dim, vectors = pretrained_vectors(data.embeddings, self.vocab, data.embedding_dim, embedding_dim)
         with names_config_errors("model"):
-            self.model = TextClassifier(len(self.vocab), dim, len(self.labels), config.model, data.freeze_embeddings)
-        if vectors is not None:
-            with torch.no_grad():
-                self.model.embedding.weight.copy_(vectors)
+            self.model = TextClassifier(
+                len(self.vocab), dim, len(self.labels), config.model, data.freeze_embeddings, vectors=vectors,
+                num_chars=len(self.chars) if self.chars else 0,
+            )  # fmt: skip
         self.device = resolve_device(config.train.device)
         self.model.to(self.device)
 
@@ -134,45 +180,30 @@ class ClassificationTask:
         limit = self.config.data.max_len
         return tokens[:limit] if limit else tokens
 
-    def _batch(self, split: _Split, indices: list[int]) -> tuple[Tensor, Tensor, Tensor]:
-        ids, mask = pad_batch([split.ids[i] for i in indices])
-        labels = torch.tensor([split.labels[i] for i in indices])
-        return ids.to(self.device), mask.to(self.device), labels.to(self.device)
+    def _encode_text(self, text: str, line: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        tokens = self._tokens(text)
+        return self._with_chars((self.vocab.encode(tokens) or [self.vocab.token_to_id(Vocab.UNK)],), tokens), {}
 
-    def train_batches(self, epoch: int) -> list[list[int]]:
-        lengths = [len(s) for s in self.splits["train"].ids]
-        seed = epoch_seed(self.config.train.seed, epoch)
-        return bucket_batches(lengths, self.config.train.batch_size, shuffle=True, seed=seed)
+    def _with_chars(self, sequences: tuple[Any, ...], tokens: list[str]) -> tuple[Any, ...]:
+        """``sequences``, then the char ids of ``tokens`` when the model reads character features (a text
+        without tokens, whose ids are one ``<unk>``, is one word without characters)."""
+        return sequences if self.chars is None else (*sequences, encode_chars(tokens, self.chars) or [[]])
 
-    def train_loss(self, batch: list[int]) -> StepLoss:
-        ids, mask, y = self._batch(self.splits["train"], batch)
-        loss = F.cross_entropy(self.model(ids, mask), y)
-        return StepLoss.plus(loss, self.model.auxiliary_loss(), int(mask.sum()), len(batch))
-
-    def evaluate(self, split: str) -> dict[str, float]:
-        data = self.splits[split]
-        size = self.config.train.eval_batch_size
-        batches = (self._batch(data, idx) for idx in bucket_batches([len(s) for s in data.ids], size, shuffle=False))
-        return accuracy_and_loss(self.model, ((self.model(ids, mask), y) for ids, mask, y in batches))
-
-    @torch.no_grad()
-    def predict(self, texts: list[str]) -> list[dict[str, Any]]:
-        """Label and class probabilities for raw texts."""
-        ids = [self.vocab.encode(self._tokens(t)) or [self.vocab.token_to_id(Vocab.UNK)] for t in texts]
-        results: list[dict[str, Any]] = []
-        size = self.config.train.eval_batch_size
-        with module_mode(self.model, training=False):
-            for start in range(0, len(ids), size):
-                batch, mask = pad_batch(ids[start : start + size])
-                logits = self.model(batch.to(self.device), mask.to(self.device))
-                results.extend(class_probabilities(logits, list(self.labels)))
-        return results
+    def _inputs(self, sequences: Sequence[tuple[Any, ...]]) -> list[Tensor]:
+        """The ids and masks of :meth:`ClassifierTask._inputs`, then the char ids (B, T, C) where the model
+        reads them (each example's last sequence, from :meth:`_with_chars`)."""
+        if self.chars is None:
+            return super()._inputs(sequences)
+        inputs = super()._inputs([s[:-1] for s in sequences])
+        return [*inputs, pad_chars([s[-1] for s in sequences], inputs[0].shape[1]).to(self.device)]
 
     def documents(self) -> dict[str, Any]:
+        chars = {} if self.chars is None else {"chars.json": self.chars.to_dict()}
         return {
             "vocab.json": self.vocab.to_dict(),
             "labels.json": self.labels.to_dict(),
             "tokenizer.json": self.tokenizer.to_dict(),
+            **chars,
         }
 
 
@@ -218,29 +249,31 @@ def load_trained(config: RunConfig, best: Path, with_data: bool = True) -> Class
     fold's training split no longer gives the vocabulary the model was trained with (the data
     changed), its held-out fold cannot be trusted and a :class:`DataError` says so.
     """
-    from seqzoo.data.io import read_json
-    from seqzoo.training.checkpoint import load_tensors, load_weights
-
     splits: dict[str, list[LabeledText]] = {}
     fold: ClassificationData | None = None
     if with_data:
         data = load_data(config.data, config.train.seed)
         fold = _fold_of(data, config, best.parent)
         splits = {name: split for name, split in _splits(fold or data).items() if split is not None}
-    weights = load_tensors(best / "model.safetensors")
-    task = ClassificationTask(
-        config,
-        splits,
-        vocab=Vocab.from_dict(read_json(best / "vocab.json")),
-        labels=LabelSet.from_dict(read_json(best / "labels.json")),
-        tokenizer=Tokenizer.from_dict(read_json(best / "tokenizer.json")),
-        embedding_dim=weights["embedding.weight"].shape[1],  # the vectors' size, not data.embedding_dim
-    )
+
+    def build(checkpoint: Checkpoint) -> ClassificationTask:
+        labels = LabelSet.from_dict(checkpoint.document("labels.json"))
+        return ClassificationTask(config, splits, labels=labels, **checkpoint.text_inputs(config))
+
+    task = restore(best, build)
     if fold is not None and task._build_vocab([task._tokens(ex.text) for ex in fold.train]) != task.vocab:
         raise DataError(
             f"{best.parent.name} rebuilt from this data does not give the vocabulary its model was trained with "
             "(the data changed since training?): its held-out fold cannot be rebuilt",
             fold.sources["train"],
         )
-    load_weights(task.model, best / "model.safetensors", weights)
     return task
+
+
+register_task(
+    "classification",
+    data_config=ClassificationDataConfig,
+    model_keys={"encoder", "encoder_args", "pooler", "mlp_hidden", "embedding_dropout", "dropout", *CHAR_KEYS},
+    build_tasks=build_tasks,
+    load_trained=load_trained,
+)

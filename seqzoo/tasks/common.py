@@ -1,20 +1,40 @@
-"""Pieces the classification-style recipes share (text classification, aspect sentiment)."""
+"""Pieces the recipes share: reloading a ``best/`` checkpoint (:func:`restore`), and the batching,
+evaluation and prediction of the classification-style recipes (:class:`ClassifierTask`: text
+classification, aspect sentiment)."""
 
 from __future__ import annotations
 
+import abc
 import logging
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqzoo.config import RunConfig
+from seqzoo.data.batching import bucket_batches, pad_batch
 from seqzoo.data.embeddings import load_vectors
-from seqzoo.data.text import Vocab
+from seqzoo.data.io import read_json
+from seqzoo.data.text import Tokenizer, Vocab
 from seqzoo.encoders.base import module_mode
+from seqzoo.training.checkpoint import load_tensors, load_weights
+from seqzoo.training.task import StepLoss
 
-__all__ = ["accuracy_and_loss", "epoch_seed", "pretrained_vectors"]
+__all__ = [
+    "Checkpoint",
+    "ClassifierTask",
+    "Encoded",
+    "accuracy_and_loss",
+    "class_probabilities",
+    "epoch_seed",
+    "pretrained_vectors",
+    "restore",
+]
+
+T = TypeVar("T")
 
 log = logging.getLogger("seqzoo")
 
@@ -64,3 +84,115 @@ def class_probabilities(logits: Tensor, names: Sequence[str]) -> list[dict[str, 
         best = max(range(len(row)), key=row.__getitem__)
         rows.append({"label": names[best], "probabilities": dict(zip(names, row, strict=True))})
     return rows
+
+
+class Checkpoint:
+    """A ``best/`` checkpoint directory as a recipe reloads it: its JSON documents and its weights."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.weights = load_tensors(path / "model.safetensors")
+
+    def document(self, name: str) -> Any:
+        """The JSON document ``name`` the task saved beside the model (``vocab.json``, ``labels.json``, ...)."""
+        return read_json(self.path / name)
+
+    def vocab(self) -> Vocab:
+        return Vocab.from_dict(self.document("vocab.json"))
+
+    def text_inputs(self, config: RunConfig) -> dict[str, Any]:
+        """How a classifier task read its texts, as its keyword arguments: ``vocab``, ``tokenizer``,
+        ``embedding_dim`` (the stored vectors' size, not ``data.embedding_dim``) and ``chars`` (the
+        character vocabulary where the model reads character features, else None)."""
+        chars = None if config.model.char_encoder == "none" else Vocab.from_dict(self.document("chars.json"))
+        return {
+            "vocab": self.vocab(),
+            "tokenizer": Tokenizer.from_dict(self.document("tokenizer.json")),
+            "embedding_dim": self.weights["embedding.weight"].shape[1],
+            "chars": chars,
+        }
+
+
+def restore(best: Path, build: Callable[[Checkpoint], T]) -> T:
+    """The one way a recipe's ``load_trained`` rebuilds a trained task: ``build`` makes the task from the
+    checkpoint's documents (all a recipe supplies: which documents, and how its task is made of
+    them), then the checkpoint's weights are loaded into its ``model``."""
+    checkpoint = Checkpoint(best)
+    task = build(checkpoint)
+    load_weights(task.model, best / "model.safetensors", checkpoint.weights)  # type: ignore[attr-defined]
+    return task
+
+
+#: One example as ids: (the id sequences the model reads, e.g. ``(sentence,)`` or ``(sentence, aspect)``,
+#: the label's index).
+Encoded = tuple[tuple[list[int], ...], int]
+
+
+class ClassifierTask(abc.ABC):
+    """Batching, training loss, evaluation and prediction of a classification-style task: a model that
+    takes ``(ids_1, mask_1, ids_2, mask_2, ...)`` (one pair per id sequence of an :data:`Encoded`
+    example, each (B, T_i)) to logits (B, C). Batches are bucketed by the first sequence's length,
+    whose mask counts the tokens.
+
+    A subclass sets ``config``, ``model``, ``device``, ``vocab``, ``encoded`` (``{split: [Encoded]}``)
+    and ``label_names``, and reads raw texts for :meth:`predict` in :meth:`_encode_text`.
+    """
+
+    metric = "accuracy"
+    higher_is_better = True
+    config: RunConfig
+    model: nn.Module
+    device: torch.device
+    vocab: Vocab
+    encoded: dict[str, list[Encoded]]
+    label_names: Sequence[str]
+
+    @abc.abstractmethod
+    def _encode_text(self, text: str, line: int) -> tuple[tuple[list[int], ...], dict[str, Any]]:
+        """A raw text (the ``line``-th given to :meth:`predict`) as the model's id sequences, and the
+        fields its prediction record shows besides the label."""
+
+    def _inputs(self, sequences: Sequence[tuple[list[int], ...]]) -> list[Tensor]:
+        """``[ids_1, mask_1, ids_2, mask_2, ...]`` on the model's device, each (B, T_i)."""
+        tensors = []
+        for column in zip(*sequences, strict=True):
+            ids, mask = pad_batch(list(column), self.vocab.pad_id)
+            tensors += [ids.to(self.device), mask.to(self.device)]
+        return tensors
+
+    def _batch(self, split: str, indices: Sequence[int]) -> tuple[list[Tensor], Tensor]:
+        examples = [self.encoded[split][i] for i in indices]
+        labels = torch.tensor([label for _, label in examples], device=self.device)  # (B,)
+        return self._inputs([sequences for sequences, _ in examples]), labels
+
+    def _batches(self, split: str, size: int, seed: int | None = None) -> list[list[int]]:
+        lengths = [len(sequences[0]) for sequences, _ in self.encoded[split]]
+        return bucket_batches(lengths, size, shuffle=seed is not None, seed=seed)
+
+    def train_batches(self, epoch: int) -> list[list[int]]:
+        return self._batches("train", self.config.train.batch_size, epoch_seed(self.config.train.seed, epoch))
+
+    def train_loss(self, batch: list[int]) -> StepLoss:
+        inputs, labels = self._batch("train", batch)
+        loss = F.cross_entropy(self.model(*inputs), labels)
+        return StepLoss.plus(loss, self.model.auxiliary_loss(), int(inputs[1].sum()), len(batch))
+
+    def evaluate(self, split: str) -> dict[str, float]:
+        """``accuracy`` and mean cross-entropy ``loss`` over the examples of ``split``."""
+        batches = (self._batch(split, idx) for idx in self._batches(split, self.config.train.eval_batch_size))
+        return accuracy_and_loss(self.model, ((self.model(*inputs), labels) for inputs, labels in batches))
+
+    @torch.no_grad()
+    def predict(self, texts: list[str]) -> list[dict[str, Any]]:
+        """The most probable label of each raw text and every label's probability (plus the fields
+        :meth:`_encode_text` gives), in input order."""
+        encoded = [self._encode_text(text, line) for line, text in enumerate(texts, 1)]
+        results: list[dict[str, Any]] = []
+        size = self.config.train.eval_batch_size
+        with module_mode(self.model, training=False):
+            for start in range(0, len(encoded), size):
+                chunk = encoded[start : start + size]
+                logits = self.model(*self._inputs([sequences for sequences, _ in chunk]))  # (B, C)
+                rows = class_probabilities(logits, self.label_names)
+                results.extend({**fields, **row} for (_, fields), row in zip(chunk, rows, strict=True))
+        return results

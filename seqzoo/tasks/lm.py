@@ -25,25 +25,29 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
-from seqzoo.config import LMDataConfig, ModelConfig, RunConfig, names_config_errors, with_recipe_arguments
+from seqzoo.config import ModelConfig, RunConfig, names_config_errors, require_ranges, with_recipe_arguments
 from seqzoo.data.errors import DataError
 from seqzoo.data.io import require_file
 from seqzoo.data.lm import EOS, batchify, build_lm_vocab, read_lm_tokens, tbptt_batches
 from seqzoo.data.text import Vocab, warn_outside_vocabulary
 from seqzoo.encoders.base import State, build_encoder, detach_state, module_mode
+from seqzoo.tasks.common import Checkpoint, restore
 from seqzoo.training.devices import resolve_device
 from seqzoo.training.plots import save_figure
+from seqzoo.training.registry import register_task
 from seqzoo.training.task import StepLoss
 
 __all__ = [
+    "LMDataConfig",
     "LMTask",
     "LanguageModel",
     "build_tasks",
@@ -58,6 +62,21 @@ log = logging.getLogger("seqzoo")
 
 #: Task split name -> file stem in the data directory.
 SPLIT_FILES = {"train": "train", "dev": "valid", "test": "test"}
+
+
+@dataclass
+class LMDataConfig:
+    """Language-modelling corpus: ``{data_dir}/{train,valid,test}.txt[.gz]``."""
+
+    data_dir: str = ""
+    level: Literal["word", "char"] = "word"
+    batch_size: int = 20
+    eval_batch_size: int = 10
+    bptt: int = 35
+    embedding_dim: int = 256
+
+    def __post_init__(self) -> None:
+        require_ranges(self, positive=("batch_size", "eval_batch_size", "bptt", "embedding_dim"))
 
 
 class LanguageModel(nn.Module):
@@ -279,16 +298,15 @@ def build_tasks(config: RunConfig) -> list[tuple[str, LMTask]]:
 
 def load_trained(config: RunConfig, best: Path, with_data: bool = True) -> LMTask:
     """Rebuild a trained language model from a ``best/`` checkpoint directory."""
-    from seqzoo.data.io import read_json
-    from seqzoo.training.checkpoint import load_weights
-
-    level = read_json(best / "lm.json")["level"]
-    if level != config.data.level:
-        raise DataError(f"lm.json says level {level!r} but the config says {config.data.level!r}", best)
     tokens = read_splits(config.data) if with_data else {}
-    task = LMTask(config, tokens, vocab=Vocab.from_dict(read_json(best / "vocab.json")))
-    load_weights(task.model, best / "model.safetensors")
-    return task
+
+    def build(checkpoint: Checkpoint) -> LMTask:
+        level = checkpoint.document("lm.json")["level"]
+        if level != config.data.level:
+            raise DataError(f"lm.json says level {level!r} but the config says {config.data.level!r}", best)
+        return LMTask(config, tokens, vocab=checkpoint.vocab())
+
+    return restore(best, build)
 
 
 def loss_by_length_bucket(task: LMTask, split: str, boundaries: Sequence[int]) -> list[dict[str, Any]]:
@@ -408,3 +426,25 @@ def sample(
         else:
             text += token if not text or text.endswith("\n") else " " + token
     return text
+
+
+def _inert_keys(config: RunConfig) -> dict[str, str]:
+    return {
+        "train.batch_size": "a language model batches by data.batch_size",
+        "train.eval_batch_size": "a language model evaluates with data.eval_batch_size",
+    }
+
+
+register_task(
+    "lm",
+    data_config=LMDataConfig,
+    model_keys={"encoder", "encoder_args", "embedding_dropout", "dropout", "tie_weights", "embedding_init"},
+    build_tasks=build_tasks,
+    load_trained=load_trained,
+    inert_keys=_inert_keys,
+    capabilities={
+        "sample": sample,
+        "length_buckets": loss_by_length_bucket,
+        "plot_length_buckets": plot_length_buckets,
+    },
+)

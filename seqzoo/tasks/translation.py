@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,22 +30,42 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from seqzoo.config import ConfigError, RunConfig, TranslationDataConfig, names_config_errors, with_recipe_arguments
+from seqzoo.config import ConfigError, RunConfig, names_config_errors, require_ranges, with_recipe_arguments
 from seqzoo.data.batching import bucket_batches, pad_batch
 from seqzoo.data.errors import DataError
 from seqzoo.data.text import Vocab
 from seqzoo.data.translation import BOS, EOS, build_char_vocab, find_parallel, read_parallel
 from seqzoo.encoders.base import module_mode
 from seqzoo.heads.seq2seq import beam_search, build_seq2seq
-from seqzoo.tasks.common import epoch_seed
+from seqzoo.tasks.common import epoch_seed, restore
 from seqzoo.training.devices import resolve_device
+from seqzoo.training.registry import register_task
 from seqzoo.training.task import StepLoss
 
-__all__ = ["TranslationTask", "build_tasks", "corpus_scores", "load_trained", "read_splits"]
+__all__ = ["TranslationDataConfig", "TranslationTask", "build_tasks", "corpus_scores", "load_trained", "read_splits"]
 
 log = logging.getLogger("seqzoo")
 
 SPLITS = ("train", "dev", "test")
+
+
+@dataclass
+class TranslationDataConfig:
+    """Line-aligned parallel text ``{data_dir}/{train,dev,test}.{source,target}[.gz]``, characters."""
+
+    data_dir: str = ""
+    source: str = "de"
+    target: str = "en"
+    max_chars: int | None = 300  # training pairs with a longer side are dropped (the paper: 300)
+    min_freq: int = 1
+    embedding_dim: int = 320
+    beam_size: int = 8  # dev / test decoding (MODELS.md 1.8)
+    length_alpha: float = 0.6  # α of the beam ranking criterion
+
+    def __post_init__(self) -> None:
+        require_ranges(
+            self, positive=("max_chars", "min_freq", "embedding_dim", "beam_size"), non_negative=("length_alpha",)
+        )
 
 
 def read_splits(cfg: TranslationDataConfig) -> dict[str, list[tuple[str, str]]]:
@@ -186,10 +207,21 @@ def build_tasks(config: RunConfig) -> list[tuple[str, TranslationTask]]:
 
 def load_trained(config: RunConfig, best: Path, with_data: bool = True) -> TranslationTask:
     """Rebuild a trained translation model from a ``best/`` checkpoint directory."""
-    from seqzoo.data.io import read_json
-    from seqzoo.training.checkpoint import load_weights
-
     pairs = read_splits(config.data) if with_data else {}
-    task = TranslationTask(config, pairs, vocab=Vocab.from_dict(read_json(best / "vocab.json")))
-    load_weights(task.model, best / "model.safetensors")
-    return task
+    return restore(best, lambda checkpoint: TranslationTask(config, pairs, vocab=checkpoint.vocab()))
+
+
+def _inert_keys(config: RunConfig) -> dict[str, str]:
+    if config.data.beam_size != 1:
+        return {}
+    return {"data.length_alpha": "greedy decoding (data.beam_size 1) ranks a single hypothesis"}
+
+
+register_task(
+    "translation",
+    data_config=TranslationDataConfig,
+    model_keys={"encoder", "encoder_args", "dropout"},
+    build_tasks=build_tasks,
+    load_trained=load_trained,
+    inert_keys=_inert_keys,
+)

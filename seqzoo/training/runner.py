@@ -1,10 +1,18 @@
 """Run a config end to end: seeds x folds sub-runs, each trained by :class:`seqzoo.training.trainer.Trainer`,
-then a ``summary.json`` with mean ± std of every test metric."""
+then a ``summary.json`` with mean ± std of every test metric.
+
+A staged run (``stages:`` in the config, :class:`~seqzoo.config.StageConfig`) trains its stages in
+turn, each in ``RUN/STAGE/`` with its seeds and folds below as usual; a stage with ``init_from``
+starts each sub-run from the best checkpoint of the same sub-run (seed, fold) of that earlier stage,
+loading the weights whose names and shapes match (what was and was not loaded is logged and kept in
+the sub-run's ``init_from.json``), and ``freeze`` keeps the parameters under the given name prefixes
+fixed. ``--resume`` skips the finished stages and resumes the one in progress. ``summary.json`` holds
+the last stage's summary and, under ``stages``, each stage's.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import logging
 import os
@@ -15,32 +23,41 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from torch import nn
 
-from seqzoo.config import DATA_PATHS, ConfigError, RunConfig, apply_override, config_from_dict, config_to_dict
+from seqzoo.config import (
+    DATA_PATHS,
+    ConfigError,
+    RunConfig,
+    StageConfig,
+    apply_override,
+    config_from_dict,
+    config_to_dict,
+    stage_config,
+)
 from seqzoo.data.errors import DataError
 from seqzoo.data.io import atomic_write_text, read_json, read_text, write_json
-from seqzoo.training.checkpoint import resolve_checkpoint
+from seqzoo.training.checkpoint import load_tensors, resolve_checkpoint
 from seqzoo.training.devices import set_seed, set_threads
 from seqzoo.training.distributed import global_batch_config, is_main, main_rank_lock
+from seqzoo.training.registry import get_task
 from seqzoo.training.rundir import check_run_dir
 from seqzoo.training.stats import per_seed, summarize
 from seqzoo.training.trainer import Trainer, stop_reason
 
-__all__ = ["completed_test_record", "find_runs", "load_task", "per_seed", "run", "run_root", "summarize"]
+__all__ = [
+    "completed_test_record",
+    "find_runs",
+    "initialise",
+    "load_task",
+    "locked_root",
+    "per_seed",
+    "run",
+    "run_root",
+    "summarize",
+]
 
 log = logging.getLogger("seqzoo")
-
-_TASK_MODULES = {
-    "classification": "seqzoo.tasks.classification",
-    "lm": "seqzoo.tasks.lm",
-    "absa": "seqzoo.tasks.absa",
-    "translation": "seqzoo.tasks.translation",
-}
-
-
-def task_module(task: str) -> Any:
-    """The module implementing ``task`` (its ``build_tasks`` and ``load_trained``)."""
-    return importlib.import_module(_TASK_MODULES[task])
 
 
 def completed_test_record(run_dir: Path) -> dict[str, Any] | None:
@@ -79,17 +96,34 @@ def _run_locked(config: RunConfig, run_dir: Path, resume: bool) -> dict[str, Any
     if is_main():
         atomic_write_text(run_dir / "config.yaml", resolved)  # what `seqzoo train --resume` reads
     set_threads(config.train)
+    if config.stages:
+        stages = {}
+        for stage in config.stages:
+            log.info("stage %s", stage.name)
+            stages[stage.name] = _train(stage_config(config, stage), run_dir, resume, stage)
+        summary = {**stages[config.stages[-1].name], "stages": stages}
+    else:
+        summary = _train(config, run_dir, resume)
+    check_run_dir(run_dir)
+    if is_main():
+        write_json(run_dir / "summary.json", summary)
+    return summary
+
+
+def _train(config: RunConfig, run_dir: Path, resume: bool, stage: StageConfig | None = None) -> dict[str, Any]:
+    """Train every (seed, fold) of ``config`` (of ``stage``, in ``run_dir/STAGE``) and summarise them."""
+    stage_dir = run_dir / stage.name if stage else run_dir
     seeds = config.train.seeds or [config.train.seed]
-    module = task_module(config.task)
+    spec = get_task(config.task)
     results: dict[str, dict[str, Any]] = {}
     for seed in seeds:
         cfg = dataclasses.replace(config, train=dataclasses.replace(config.train, seed=seed, seeds=[]))
-        seed_dir = run_dir / f"seed-{seed}" if len(seeds) > 1 else run_dir
+        seed_dir = stage_dir / f"seed-{seed}" if len(seeds) > 1 else stage_dir
         set_seed(seed)
-        for sub, task in module.build_tasks(global_batch_config(cfg)):  # each rank trains on its part of a batch
+        for sub, task in spec.build_tasks(global_batch_config(cfg)):  # each rank trains on its part of a batch
             sub_dir = seed_dir / sub if sub else seed_dir
             check_run_dir(sub_dir)  # each sub-run writes; none into a directory that is no longer this run
-            name = str(sub_dir.relative_to(run_dir)) if sub_dir != run_dir else "."
+            name = str(sub_dir.relative_to(stage_dir)) if sub_dir != stage_dir else "."
             done = completed_test_record(sub_dir) if resume else None
             best = resolve_checkpoint(sub_dir / "best") if resume else None
             if best is not None and is_main():  # a --resume --set may have moved the data: `seqzoo evaluate` reads this
@@ -105,15 +139,64 @@ def _run_locked(config: RunConfig, run_dir: Path, resume: bool) -> dict[str, Any
                 log.info("training %s (seed %d) -> %s", config.name, seed, sub_dir)
                 if sub:  # each fold's draws start from a seed of its own, not from where the folds before it
                     set_seed(zlib.crc32(f"{seed}/{sub}".encode()))  # left them: a resume may skip those
-                Trainer(cfg, task, sub_dir).fit(resume=resume)
+                report = None
+                if stage and (stage.init_from or stage.freeze):
+                    report = _prepare_stage(task.model, stage, run_dir / (stage.init_from or "") / name)
+                trainer = Trainer(cfg, task, sub_dir)
+                if report is not None and is_main():
+                    write_json(sub_dir / "init_from.json", report)
+                trainer.fit(resume=resume)
                 check_run_dir(sub_dir)
                 done = completed_test_record(sub_dir)
             results[name] = {k: v for k, v in done.items() if k.startswith("test_")}
     summary = summarize(results)
-    check_run_dir(run_dir)
-    if is_main():
-        write_json(run_dir / "summary.json", summary)
+    if stage and is_main():
+        check_run_dir(stage_dir)
+        write_json(stage_dir / "summary.json", summary)
     return summary
+
+
+def _prepare_stage(model: nn.Module, stage: StageConfig, source: Path) -> dict[str, Any]:
+    """``stage``'s ``init_from`` (the best checkpoint of the sub-run ``source``) and ``freeze`` applied to
+    ``model``; what was done, for the sub-run's ``init_from.json``."""
+    report: dict[str, Any] = {}
+    if stage.init_from:
+        best = resolve_checkpoint(source / "best")
+        if best is None:
+            raise ConfigError(f"stage {stage.name}: init_from {stage.init_from}: {source} has no best/ checkpoint")
+        report = {"from": str(best), **initialise(model, best)}
+    frozen = [name for name, p in model.named_parameters() if name.startswith(tuple(stage.freeze))]
+    if stage.freeze and not frozen:
+        raise ConfigError(f"stage {stage.name}: freeze {stage.freeze} matches no parameter of the model")
+    for name, parameter in model.named_parameters():
+        if name in frozen:
+            parameter.requires_grad_(False)
+    if frozen:
+        log.info("stage %s: %d parameters frozen (%s)", stage.name, len(frozen), ", ".join(stage.freeze))
+    return {**report, "frozen": frozen}
+
+
+def initialise(model: nn.Module, best: Path) -> dict[str, list[str]]:
+    """Load into ``model`` the weights of the checkpoint ``best`` whose names and shapes match its own;
+    returns (and logs) the names ``loaded``, the model's ``not_loaded`` ones (kept as initialised) and
+    the checkpoint's ``unused`` ones."""
+    tensors = load_tensors(best / "model.safetensors")
+    own = model.state_dict()
+    loaded = sorted(k for k, v in tensors.items() if k in own and own[k].shape == v.shape)
+    model.load_state_dict({k: tensors[k] for k in loaded}, strict=False)
+    report = {
+        "loaded": loaded,
+        "not_loaded": sorted(own.keys() - set(loaded)),
+        "unused": sorted(tensors.keys() - set(loaded)),
+    }
+    log.info(
+        "initialised from %s: %d tensors loaded; not loaded: %s; unused: %s",
+        best,
+        len(loaded),
+        ", ".join(report["not_loaded"]) or "none",
+        ", ".join(report["unused"]) or "none",
+    )
+    return report
 
 
 def format_summary(summary: dict[str, Any]) -> list[str]:
@@ -155,6 +238,23 @@ def run_root(sub_run: Path) -> Path:
     return sub_run
 
 
+def locked_root(path: Path) -> Path:
+    """The run directory whose lock guards ``path`` (a run, or a seed, fold or stage of one): its
+    :func:`run_root`, or the staged run whose stage that is."""
+    root = run_root(path)
+    stored = root.parent / "config.yaml"
+    if stored.is_file():
+        try:
+            stages = yaml.safe_load(read_text(stored)) or {}
+        except (yaml.YAMLError, DataError):  # not a run's config: root is no stage of it
+            return root
+        if isinstance(stages, dict) and any(
+            isinstance(s, dict) and s.get("name") == root.name for s in stages.get("stages") or []
+        ):
+            return root.parent
+    return root
+
+
 def load_task(sub_run: str | Path, with_data: bool = True, data_paths: Sequence[str] = ()) -> Any:
     """Rebuild a trained task from ``sub_run/best`` (safetensors + JSON; nothing is unpickled).
 
@@ -174,4 +274,4 @@ def load_task(sub_run: str | Path, with_data: bool = True, data_paths: Sequence[
             )
         apply_override(values, assignment)
     config = config_from_dict(values)
-    return task_module(config.task).load_trained(config, best, with_data=with_data)
+    return get_task(config.task).load_trained(config, best, with_data)
