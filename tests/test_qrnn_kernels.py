@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 import torch
+from numerics import EPS32, assert_all_close_to_float64, assert_close_to_float64
 
 from seqzoo import build_encoder
 from seqzoo.kernels.qrnn_pool import (
@@ -18,6 +19,7 @@ from seqzoo.kernels.qrnn_pool import (
     qrnn_pool,
     qrnn_pool_compiled,
     qrnn_pool_reference,
+    window_linear,
 )
 
 pool_module = importlib.import_module("seqzoo.kernels.qrnn_pool")  # the package re-exports a function of that name
@@ -37,7 +39,7 @@ def _inputs(pooling: str, zoneout: str, dtype: torch.dtype = torch.float32, shap
 
 def _weighted_loss(h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     gen = torch.Generator().manual_seed(1)
-    weights = [torch.randn(t.shape, generator=gen, dtype=t.dtype).to(t.device) for t in (h, c)]
+    weights = [torch.randn(t.shape, generator=gen).to(t.device, t.dtype) for t in (h, c)]  # alike in any dtype
     return (h * weights[0]).sum() + (c * weights[1]).sum()
 
 
@@ -47,16 +49,31 @@ def _values_and_grads(fn, gates, lengths, c0, kwargs, reverse, loss=_weighted_lo
     return (h, c, *torch.autograd.grad(loss(h, c), (gates,) if c0 is None else (gates, c0)))
 
 
-def _assert_all_close(fast, ref, atol=1e-5, rtol=1e-5):
+def _assert_all_close(fast, ref, atol, rtol):
+    """Float64 results that must agree to rounding (``atol`` and ``rtol`` far above float64's eps)."""
     for name, a, b in zip(("h", "c_last", "d_gates", "d_c0")[: len(fast)], fast, ref, strict=True):
-        assert a.dtype == b.dtype, f"{name}: {a.dtype} != {b.dtype}"
+        assert a.dtype == b.dtype == torch.float64, f"{name}: {a.dtype}, {b.dtype}"
         assert torch.allclose(a, b, atol=atol, rtol=rtol), f"{name}: max diff {(a - b).abs().max():.3g}"
 
 
-def _assert_matches_reference(fn, pooling, zoneout, reverse, atol=1e-5):
+def _float64(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A float64 leaf copy of ``t`` (None stays None), for the float64 twin of a float32 computation."""
+    return None if t is None else t.detach().double().requires_grad_(t.requires_grad)
+
+
+def _assert_matches_float64_reference(fast, gates, lengths, c0, kwargs, reverse, loss=_weighted_loss):
+    """Float32 results of a fast path (h, c_last and gradients) are as close to the reference run in
+    float64 as the float32 reference is, up to a factor (tests/numerics.py)."""
+    twin = _values_and_grads(qrnn_pool_reference, gates, lengths, c0, kwargs, reverse, loss)
+    exact = _values_and_grads(qrnn_pool_reference, _float64(gates), lengths, _float64(c0), kwargs, reverse, loss)
+    assert [a.dtype for a in fast] == [b.dtype for b in twin]
+    assert_all_close_to_float64(list(fast), list(exact), list(twin))
+
+
+def _assert_matches_reference(fn, pooling, zoneout, reverse):
     gates, lengths, c0, kwargs = _inputs(pooling, zoneout)
     fast = _values_and_grads(fn, gates, lengths, c0, kwargs, reverse)
-    _assert_all_close(fast, _values_and_grads(qrnn_pool_reference, gates, lengths, c0, kwargs, reverse), atol)
+    _assert_matches_float64_reference(fast, gates, lengths, c0, kwargs, reverse)
     assert not fast[0][1, lengths[1] :].any() and not fast[0][2].any(), "outputs at pads must be zero"
 
 
@@ -85,7 +102,9 @@ def test_compiled_inference_without_autograd():
     with torch.no_grad():
         h, c = qrnn_pool_compiled(gates, lengths, c0, **kwargs)
         h_ref, c_ref = qrnn_pool_reference(gates, lengths, c0, **kwargs)
-    assert torch.allclose(h, h_ref, atol=1e-6) and torch.allclose(c, c_ref, atol=1e-6)
+        h64, c64 = qrnn_pool_reference(gates.double(), lengths, c0.double(), **kwargs)
+    assert_close_to_float64(h, h64, h_ref, what="h")
+    assert_close_to_float64(c, c64, c_ref, what="c_last")
 
 
 def test_fallback_warns_when_compiled_kernel_is_missing(monkeypatch):
@@ -95,7 +114,7 @@ def test_fallback_warns_when_compiled_kernel_is_missing(monkeypatch):
     gates, lengths, c0, kwargs = _inputs("fo", "none")
     with pytest.warns(RuntimeWarning, match="cannot load _qrnn_pool.so") as record:
         h, _ = qrnn_pool(gates, lengths, c0, **kwargs)
-    assert torch.allclose(h, qrnn_pool_reference(gates, lengths, c0, **kwargs)[0])
+    assert torch.equal(h, qrnn_pool_reference(gates, lengths, c0, **kwargs)[0])  # it is the reference
     # the warning names the user's line, not torch's compiler wrapper or the encoder's internals
     assert [w.filename for w in record] == [__file__]
     with pytest.warns(RuntimeWarning, match="cannot load _qrnn_pool.so") as record:
@@ -180,12 +199,15 @@ def test_triton_interpreter_gradcheck_float64(interpreted_triton, pooling, rever
 def test_triton_double_backward_goes_through_the_reference(interpreted_triton):
     gates, lengths, c0, kwargs = _inputs("fo", "train", shape=(3, 5, 4))
     results = []
-    for fn in (interpreted_triton, qrnn_pool_reference):
-        h, c = fn(gates, lengths, c0, **kwargs)
-        dgates, dc0 = torch.autograd.grad(h.square().sum() + c.sum(), (gates, c0), create_graph=True)
-        results.append(torch.autograd.grad(dgates.square().sum() + dc0.square().sum(), (gates, c0)))
-    for a, b in zip(*results, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    for fn, g, c0_ in ((interpreted_triton, gates, c0), (qrnn_pool_reference, gates, c0)):
+        h, c = fn(g, lengths, c0_, **kwargs)
+        dgates, dc0 = torch.autograd.grad(h.square().sum() + c.sum(), (g, c0_), create_graph=True)
+        results.append(torch.autograd.grad(dgates.square().sum() + dc0.square().sum(), (g, c0_)))
+    g64, c64 = _float64(gates), _float64(c0)
+    h, c = qrnn_pool_reference(g64, lengths, c64, **kwargs)
+    dgates, dc0 = torch.autograd.grad(h.square().sum() + c.sum(), (g64, c64), create_graph=True)
+    exact = torch.autograd.grad(dgates.square().sum() + dc0.square().sum(), (g64, c64))
+    assert_all_close_to_float64(list(results[0]), list(exact), list(results[1]))
 
 
 @pytest.mark.gpu
@@ -213,9 +235,7 @@ def test_triton_on_gpu_matches_reference(pooling):
     gates, c0 = gates.detach().cuda().requires_grad_(True), c0.detach().cuda().requires_grad_(True)
     lengths, kwargs["keep"] = lengths.cuda(), kwargs["keep"].cuda()
     fast = _values_and_grads(qrnn_pool, gates, lengths, c0, kwargs, reverse=False)
-    ref = _values_and_grads(qrnn_pool_reference, gates, lengths, c0, kwargs, reverse=False)
-    for a, b in zip(fast, ref, strict=True):
-        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)
+    _assert_matches_float64_reference(fast, gates, lengths, c0, kwargs, reverse=False)
 
 
 def _layer_inputs(window: int, pooling: str, dtype: torch.dtype = torch.float32, shape=(4, 9, 6, 5)):
@@ -245,13 +265,14 @@ def test_compiled_layer_matches_reference(monkeypatch, window, pooling, zoneout,
     (x_pad, weight, bias, c0), lengths = _layer_inputs(window, pooling)
     _, _, _, kwargs = _inputs(pooling, zoneout, shape=(4, 9, 5))
     results = []
-    for backend in ("auto", "reference"):
+    for backend, dtype in (("auto", torch.float32), ("reference", torch.float32), ("reference", torch.float64)):
         monkeypatch.setenv("SEQZOO_QRNN_BACKEND", backend)
-        h, c = qrnn_layer(x_pad, weight, bias, lengths, c0, reverse=reverse, **kwargs)
-        loss = (h * torch.linspace(-1, 1, h.numel()).view_as(h)).sum() + c.square().sum()
-        results.append((h, c, *torch.autograd.grad(loss, (x_pad, weight, bias, c0))))
-    for name, a, b in zip(("h", "c_last", "d_x", "d_weight", "d_bias", "d_c0"), *results, strict=True):
-        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), f"{name}: max diff {(a - b).abs().max():.3g}"
+        inputs = [t if dtype == torch.float32 else _float64(t) for t in (x_pad, weight, bias, c0)]
+        h, c = qrnn_layer(*inputs[:3], lengths, inputs[3], reverse=reverse, **kwargs)
+        loss = (h * torch.linspace(-1, 1, h.numel(), dtype=dtype).view_as(h)).sum() + c.square().sum()
+        results.append([h, c, *torch.autograd.grad(loss, inputs)])  # h, c_last, d_x, d_weight, d_bias, d_c0
+    fast, twin, exact = results
+    assert_all_close_to_float64(fast, exact, twin)
 
 
 @needs_compiled
@@ -311,12 +332,13 @@ def test_compiled_layer_gradient_through_one_output(monkeypatch, output):
     """An unused output's gradient is None inside the backward (read as zeros)."""
     (x_pad, weight, bias, c0), lengths = _layer_inputs(2, "ifo")
     grads = []
-    for backend in ("auto", "reference"):
+    for backend, inputs in (("auto", (x_pad, weight, bias, c0)), ("reference", (x_pad, weight, bias, c0))):
         monkeypatch.setenv("SEQZOO_QRNN_BACKEND", backend)
-        out = qrnn_layer(x_pad, weight, bias, lengths, c0, pooling="ifo")[output]
-        grads.append(torch.autograd.grad(out.square().sum(), (x_pad, weight, bias, c0)))
-    for a, b in zip(*grads, strict=True):
-        assert torch.allclose(a, b, atol=1e-5)
+        out = qrnn_layer(*inputs[:3], lengths, inputs[3], pooling="ifo")[output]
+        grads.append(torch.autograd.grad(out.square().sum(), inputs))
+    inputs = [_float64(t) for t in (x_pad, weight, bias, c0)]
+    out = qrnn_layer(*inputs[:3], lengths, inputs[3], pooling="ifo")[output]  # the reference: float64 is not fused
+    assert_all_close_to_float64(list(grads[0]), list(torch.autograd.grad(out.square().sum(), inputs)), list(grads[1]))
 
 
 def test_layer_rejects_weight_of_wrong_shape():
@@ -393,8 +415,9 @@ def test_layer_bias_is_checked_and_may_be_strided(monkeypatch):
     for backend in ("auto", "reference"):
         monkeypatch.setenv("SEQZOO_QRNN_BACKEND", backend)
         outputs.append(qrnn_layer(x_pad, weight, strided, lengths, c0, pooling="fo"))
-    for got, want in zip(*outputs, strict=True):
-        torch.testing.assert_close(got, want)
+    args64 = [_float64(t) for t in (x_pad, weight, strided)]
+    exact = qrnn_layer(*args64, lengths, _float64(c0), pooling="fo")
+    assert_all_close_to_float64(list(outputs[0]), list(exact), list(outputs[1]))
     monkeypatch.setenv("SEQZOO_QRNN_BACKEND", "auto")
     for bad in (bias[:-1], bias.double()):
         with pytest.raises(ValueError, match=rf"bias must be \({bias.numel()},\) of torch\.float32"):
@@ -424,7 +447,9 @@ def test_compiled_pools_half_precision_gates_in_float32(half, pooling, reverse):
         d_wide, d_c0_32 = torch.autograd.grad((h32, c32), (wide, c0), (dh, dc), retain_graph=True)
         assert d_narrow.dtype == half and torch.equal(d_narrow, d_wide.to(half)) and torch.equal(d_c0, d_c0_32)
     d_narrow, _ = torch.autograd.grad((h, c), (narrow, c0), (dh, dc), create_graph=True)
-    assert d_narrow.requires_grad and torch.allclose(d_narrow.float(), d_wide, atol=1e-2, rtol=1e-2)
+    # the reference's float32 d(gates) rounded to the gates' dtype: half an ulp of it, plus float32 rounding
+    bound = torch.finfo(half).eps / 2 * d_wide.abs() + 32 * EPS32 * d_wide.abs().max()
+    assert d_narrow.requires_grad and bool(((d_narrow.float() - d_wide).abs() <= bound).all())
 
 
 @needs_compiled
@@ -459,13 +484,17 @@ def test_layer_under_cpu_autocast_pools_widened_gates_with_the_fused_kernel():
     """Under CPU autocast the projection runs in bfloat16 and the fused kernel pools its gates in
     float32 (it used to fall back, with a warning, to the reference in bfloat16)."""
     (x_pad, weight, bias, c0), lengths = _layer_inputs(2, "fo")
-    h_float, c_float = qrnn_layer(x_pad, weight, bias, lengths, c0, pooling="fo")
+    h_float, _ = qrnn_layer(x_pad, weight, bias, lengths, c0, pooling="fo")
     with torch.autocast("cpu", dtype=torch.bfloat16), warnings.catch_warnings():
         warnings.simplefilter("error")
         h, c = qrnn_layer(x_pad, weight, bias, lengths, c0, pooling="fo")
-    assert h.dtype == c.dtype == torch.float32
-    assert torch.allclose(h, h_float, atol=0.05) and not torch.equal(h, h_float)
-    assert torch.allclose(c, c_float, atol=0.05)
+    assert h.dtype == c.dtype == torch.float32 and not torch.equal(h, h_float)
+    # = the bfloat16 projection's gates pooled in float32: as close to them pooled in float64 as the reference is
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        gates = window_linear(x_pad, weight, bias).view(4, 9, 3, 5)  # (B, T, G, H) in bfloat16
+    twin = qrnn_pool_reference(gates.float(), lengths, c0.detach(), pooling="fo")
+    exact = qrnn_pool_reference(gates.double(), lengths, c0.detach().double(), pooling="fo")
+    assert_all_close_to_float64([h, c], list(exact), list(twin))
 
 
 @pytest.mark.parametrize("backend", ["reference", pytest.param("compiled", marks=needs_compiled)])
@@ -548,7 +577,7 @@ def test_without_c0_matches_the_reference(interpreted_triton, pooling, reverse):
     backward's c_{s-1} before the first step is zero, not the previous row's last state."""
     gates, lengths, _, kwargs = _inputs(pooling, "train", shape=(3, 9, 20))
     fast = _values_and_grads(interpreted_triton, gates, lengths, None, kwargs, reverse)
-    _assert_all_close(fast, _values_and_grads(qrnn_pool_reference, gates, lengths, None, kwargs, reverse))
+    _assert_matches_float64_reference(fast, gates, lengths, None, kwargs, reverse)
 
 
 def test_non_contiguous_inputs(interpreted_triton):
@@ -560,7 +589,7 @@ def test_non_contiguous_inputs(interpreted_triton):
     keep_tm = kwargs["keep"].transpose(0, 1).contiguous().transpose(0, 1)
     assert not (gates_tm.is_contiguous() or c0_t.is_contiguous() or keep_tm.is_contiguous())
     fast = _values_and_grads(interpreted_triton, gates_tm, lengths, c0_t, {**kwargs, "keep": keep_tm}, False)
-    _assert_all_close(fast, _values_and_grads(qrnn_pool_reference, gates, lengths, c0, kwargs, False))
+    _assert_matches_float64_reference(fast, gates, lengths, c0, kwargs, False)
 
 
 @pytest.mark.parametrize("loss", ["sum", "time_major"])
@@ -574,7 +603,7 @@ def test_non_contiguous_output_gradients(interpreted_triton, loss):
         return h.sum() + c.sum() if loss == "sum" else (h.transpose(0, 1) * weight).sum() + c.sum()
 
     fast = _values_and_grads(interpreted_triton, gates, lengths, c0, kwargs, True, loss_fn)
-    _assert_all_close(fast, _values_and_grads(qrnn_pool_reference, gates, lengths, c0, kwargs, True, loss_fn))
+    _assert_matches_float64_reference(fast, gates, lengths, c0, kwargs, True, loss_fn)
 
 
 @pytest.mark.parametrize("pooling", ["f", "ifo"])
@@ -613,7 +642,7 @@ def test_default_chunk_and_block_sizes(interpreted_triton_at_gpu_sizes):
     own sizes: > 32 steps and > 32 channels cross a chunk and a block boundary."""
     gates, lengths, c0, kwargs = _inputs("fo", "train", shape=(2, 37, 34))
     fast = _values_and_grads(interpreted_triton_at_gpu_sizes, gates, lengths, c0, kwargs, True)
-    _assert_all_close(fast, _values_and_grads(qrnn_pool_reference, gates, lengths, c0, kwargs, True))
+    _assert_matches_float64_reference(fast, gates, lengths, c0, kwargs, True)
 
 
 # --- the dispatch from qrnn_pool ----------------------------------------------------------------
@@ -639,7 +668,7 @@ def test_qrnn_pool_hands_every_option_to_triton(routed_to_triton, pooling):
     gates, lengths, c0, kwargs = _inputs(pooling, "train", shape=(3, 9, 20))
     kwargs["keep_prob"] = 0.9
     fast = _values_and_grads(qrnn_pool, gates, lengths, c0, kwargs, True)
-    _assert_all_close(fast, _values_and_grads(qrnn_pool_reference, gates, lengths, c0, kwargs, True))
+    _assert_matches_float64_reference(fast, gates, lengths, c0, kwargs, True)
 
 
 def test_qrnn_pool_checks_arguments_before_triton(routed_to_triton):

@@ -1,0 +1,46 @@
+"""Float32 tolerances derived from float64, so that they hold on any x86-64 CPU.
+
+Two float32 computations of the same function (eager and compiled, a fused kernel and its
+reference, a batch and a row alone) round differently, and by how much depends on the CPU's
+vector width and fused multiply-adds (ATen picks its kernels by CPU capability: AVX2, AVX-512 ...).
+A fixed ``atol`` tuned on one machine fails on another. Here a float32 result ``got`` is compared
+with the same function in float64, ``ref64``, and allowed ``factor`` times the float32 error of a
+plain float32 ``twin`` of it (the eager or reference computation), plus ``factor`` float32 ulps of
+the result's scale: the error any correct float32 evaluation of the function makes, up to the
+factor. A wrong formula (a sign, a missing term) is off by O(scale), orders of magnitude more.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+EPS32 = torch.finfo(torch.float32).eps
+
+
+def float32_tolerance(ref64: Tensor, twin: Tensor | None = None, factor: float = 32.0) -> float:
+    """``factor`` x (max |twin - ref64| + eps32 · max |ref64|): what a float32 evaluation may be off by."""
+    scale = ref64.abs().max().item() if ref64.numel() else 0.0
+    twin_error = (twin.double() - ref64).abs().max().item() if twin is not None and twin.numel() else 0.0
+    return factor * (twin_error + EPS32 * scale)
+
+
+def assert_close_to_float64(
+    got: Tensor, ref64: Tensor, twin: Tensor | None = None, *, factor: float = 32.0, what: str = ""
+) -> None:
+    """``got`` (float32) is within :func:`float32_tolerance` of ``ref64`` (the same function in float64)."""
+    assert ref64.dtype == torch.float64, f"{what}: the reference must be float64, got {ref64.dtype}"
+    assert got.shape == ref64.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref64.shape)}"
+    tol = float32_tolerance(ref64, twin, factor)
+    diff = (got.double() - ref64).abs().max().item() if got.numel() else 0.0
+    assert diff <= tol, f"{what}: max abs diff to float64 {diff:.3g} > {tol:.3g}"
+
+
+def assert_all_close_to_float64(
+    got: list[Tensor], ref64: list[Tensor], twin: list[Tensor] | None = None, *, factor: float = 32.0
+) -> None:
+    """:func:`assert_close_to_float64` for each of a list of results (outputs, gradients ...)."""
+    assert len(got) == len(ref64), f"{len(got)} results, {len(ref64)} references"
+    twins = twin if twin is not None else [None] * len(got)
+    for i, (a, r, t) in enumerate(zip(got, ref64, twins, strict=True)):
+        assert_close_to_float64(a, r, t, factor=factor, what=f"result {i}")
