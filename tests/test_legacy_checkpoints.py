@@ -1,11 +1,12 @@
 """``best/`` checkpoints written by the code before the package layout moved (tests/fixtures/legacy_runs)
 load with today's code, through :func:`seqzoo.load`, and give what that code gave (``expected.json``).
 
-``expected.json`` records the outputs; the inputs are read off them where they can be: the LM sample is
-the prime "the cat" and 12 drawn words (seed 3, as tests/test_lm.py samples), and beam search stops a
-hypothesis at 2 * len(source) + 10 characters, so the two translations (26 and 20 characters) are of
-8- and 5-character sources. The classification and ABSA texts are not recorded: those checks need
-``expected.json`` to hold them under ``inputs`` and are skipped, saying so, until it does.
+``expected.json`` records the outputs, not the inputs; these were recovered from them. The LM sample is
+the prime "the cat" and 12 drawn words (seed 3, as tests/test_lm.py samples). The classifier's texts are
+the only ones among all texts of one to three vocabulary words whose probabilities match the records
+(to float32 rounding); the ABSA inputs are the natural sentences whose four probabilities match. Beam
+search stops at 2 * len(source) + 10 characters, so the two translations (26 and 20 characters, the
+barely trained model's spaces) are of 8- and 5-character sources.
 """
 
 import json
@@ -44,12 +45,16 @@ def test_the_translation_model_gives_the_same_translations():
     assert seqzoo.load(LEGACY / "translation").predict(["ab cd ef", "fe dc"]) == EXPECTED["translation"]
 
 
+#: The texts the classification and ABSA records of expected.json were predicted for (module docstring).
+INPUTS = {
+    "classification": ["good great film", "dull boring plot"],
+    "absa": ["the food was great\tfood", "slow service\tservice"],
+}
+
+
 @pytest.mark.parametrize("task", ["classification", "absa"])
 def test_the_classifiers_predict_the_same_labels_and_probabilities(task):
-    inputs = EXPECTED.get("inputs", {}).get(task)
-    if inputs is None:
-        pytest.skip(f"expected.json does not record the texts its {task} predictions were made for")
-    predicted = seqzoo.load(LEGACY / task).predict(inputs)
+    predicted = seqzoo.load(LEGACY / task).predict(INPUTS[task])
     expected = EXPECTED[task]
     assert [p["label"] for p in predicted] == [e["label"] for e in expected]
     for p, e in zip(predicted, expected, strict=True):
