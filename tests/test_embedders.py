@@ -1,11 +1,16 @@
 """TokenEmbedder: word table, pretrained vectors, char-CNN and char-BiLSTM features; char-id batching."""
 
+from pathlib import Path
+
 import pytest
 import torch
+from conftest import write_sentiment_corpus
 
+from seqzoo.config import config_from_dict
 from seqzoo.data.chars import MAX_WORD_CHARS, build_char_vocab, encode_chars, pad_chars
 from seqzoo.data.text import Vocab
 from seqzoo.embedders import TokenEmbedder
+from seqzoo.training.runner import load_task, run
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -173,3 +178,48 @@ def test_word_table_is_named_and_drawn_as_nn_embeddings():
     embedder = TokenEmbedder(7, 4, char_encoder="cnn", num_chars=NUM_CHARS)
     assert set(table) == {name for name in embedder.state_dict() if not name.startswith("chars.")}
     torch.testing.assert_close(embedder.weight, table["weight"], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("char_encoder", ["cnn", "lstm"])
+def test_a_classifier_with_char_features_trains_saves_its_char_vocabulary_and_reloads(tmp_path, char_encoder):
+    data_dir = write_sentiment_corpus(tmp_path / "data", sizes=(24, 8, 8))
+    config = config_from_dict(
+        {
+            "data": {"name": "toy", "data_dir": str(data_dir), "embedding_dim": 6},
+            "model": {
+                "encoder": "gru", "encoder_args": {"hidden_size": 6}, "char_encoder": char_encoder,
+                "char_embedding_dim": 3, "char_hidden_size": 4,
+            },
+            "train": {"epochs": 1, "batch_size": 8, "patience": None, "progress": False},
+        }
+    )  # fmt: skip
+    run(config, tmp_path / "run")
+    assert (tmp_path / "run" / "best" / "chars.json").is_file()
+    task = load_task(tmp_path / "run", with_data=False)
+    assert task.model.embedding.output_size == 10 and "g" in task.chars
+    texts = ["good film", "doog", "mlif", ""]  # two unknown words of known characters: only these tell them apart
+    first, again = task.predict(texts), load_task(tmp_path / "run", with_data=False).predict(texts)
+    assert first == again
+    assert first[1]["probabilities"] != first[2]["probabilities"]
+
+
+def test_an_aspect_classifier_with_char_features_trains_and_reloads(tmp_path):
+    fixtures = Path(__file__).parent / "fixtures" / "absa"
+    config = config_from_dict(
+        {
+            "task": "absa",
+            "data": {"train": str(fixtures / "Restaurants_Train.xml"), "test": str(fixtures / "Laptop_Train.xml"),
+                     "embedding_dim": 6},
+            "model": {"encoder": "gru", "encoder_args": {"hidden_size": 6}, "char_encoder": "lstm",
+                      "char_embedding_dim": 3, "char_hidden_size": 4},
+            "train": {"epochs": 1, "batch_size": 16, "patience": None, "progress": False},
+        }
+    )  # fmt: skip
+    run(config, tmp_path / "run")
+    assert (tmp_path / "run" / "best" / "chars.json").is_file()
+    task = load_task(tmp_path / "run", with_data=False)
+    assert task.model.embedding.output_size == 10 and task.model.classifier.in_features == 6 + 6
+    texts = ["the sushi was great\tsushi", "the ihsus was great\tsushi", "the ihsuz was great\tsushi"]
+    first, again = task.predict(texts), load_task(tmp_path / "run", with_data=False).predict(texts)
+    assert first == again
+    assert first[1]["probabilities"] != first[2]["probabilities"]  # two unknown words, told apart by their chars
