@@ -23,7 +23,7 @@ if [[ $what == tests || $what == all ]]; then
     python3 -m pytest -q -p no:cacheprovider -m gpu -rs $workers tests 2>&1 | tee "$out/tests.log"
 fi
 if [[ $what == suite || $what == all ]]; then
-    # 2 threads a worker: 8-15 workers of 16 threads each on 16 cores did not finish in 150-330 s (session 38)
+    # 2 threads a worker: 8-15 workers of 16 threads each on 16 cores did not finish in 150-330 s on an H200 machine
     OMP_NUM_THREADS=2 python3 -m pytest -q -p no:cacheprovider -m "not gpu" -rf $workers tests 2>&1 | tee "$out/suite.log"
 fi
 if [[ $what == bench || $what == all ]]; then

@@ -159,6 +159,15 @@ def _trained_runs(run_dir: str) -> list[Path]:
     return runs
 
 
+def _model_run(run_dir: str) -> Path:
+    """The sub-run whose model predict, sample and the plots read: the first seed or fold below ``run_dir``
+    (of its last stage, where it is a staged run)."""
+    from seqzoo.api import last_stage
+
+    stage = last_stage(Path(run_dir))
+    return _trained_runs(str(Path(run_dir) / stage) if stage else run_dir)[0]
+
+
 def _warn_if_training(paths: list[Path]) -> None:
     """A warning for each run among ``paths`` (sub-runs or runs) that a process is training now: what
     is read of it is its latest checkpoint, not its final result."""
@@ -195,11 +204,11 @@ def _predict(args: argparse.Namespace) -> int:
     from seqzoo.data.io import open_text
     from seqzoo.training.runner import load_task
 
-    runs = _trained_runs(args.run_dir)
-    task = load_task(runs[0], with_data=False)
+    run = _model_run(args.run_dir)
+    task = load_task(run, with_data=False)
     if not hasattr(task, "predict"):
         raise ConfigError(
-            f"{runs[0]}: `seqzoo predict` serves classification, aspect sentiment and translation runs, not this one"
+            f"{run}: `seqzoo predict` serves classification, aspect sentiment and translation runs, not this one"
         )
     source = "<stdin>" if args.input in (None, "-") else args.input
     with open_text(source, sys.stdin.buffer if source == "<stdin>" else None) as lines:  # stdin read as a file is
@@ -229,13 +238,13 @@ def _capability(task: Any, sub: Path, name: str, what: str) -> Any:
 def _sample(args: argparse.Namespace) -> int:
     from seqzoo.training.runner import load_task
 
-    runs = _trained_runs(args.run_dir)
-    task = load_task(runs[0], with_data=False)
-    sample = _capability(task, runs[0], "sample", "generate text")
+    run = _model_run(args.run_dir)
+    task = load_task(run, with_data=False)
+    sample = _capability(task, run, "sample", "generate text")
     try:
         text = sample(task, args.length, args.temperature, args.prime, args.seed, args.top_p)
     except ValueError as err:  # --length < 0, --temperature <= 0, --top-p outside (0, 1]
-        raise ConfigError(f"{runs[0]}: {err}") from None
+        raise ConfigError(f"{run}: {err}") from None
     print(text)
     return 0
 
@@ -258,7 +267,7 @@ def _plot_zones(args: argparse.Namespace) -> int:
     relevances = {}
     labels = _plot_labels(args.run_dirs) if len(args.run_dirs) > 1 else [""]
     for run_dir, label in zip(args.run_dirs, labels, strict=True):  # one model each (its first seed)
-        run = _trained_runs(run_dir)[0]
+        run = _model_run(run_dir)
         try:
             relevances[label] = zone_relevance(load_task(run, with_data=False), args.text, args.depth)
         except ValueError as err:
@@ -282,7 +291,7 @@ def _plot_lengths(args: argparse.Namespace) -> int:
         raise ConfigError(f"--boundaries must be line lengths >= 1, got {args.boundaries!r}")
     series, metric, plot = {}, None, None
     for run_dir, label in zip(args.run_dirs, _plot_labels(args.run_dirs), strict=True):
-        sub = _trained_runs(run_dir)[0]
+        sub = _model_run(run_dir)
         task = load_task(sub, data_paths=args.set)
         loss_by_length_bucket = _capability(task, sub, "length_buckets", "score by sequence length")
         plot = _capability(task, sub, "plot_length_buckets", "plot scores by sequence length")
@@ -301,12 +310,12 @@ def _plot_hidden(args: argparse.Namespace) -> int:
     from seqzoo.data.io import read_text
     from seqzoo.training.runner import load_task
 
-    runs = _trained_runs(args.run_dir)
+    run = _model_run(args.run_dir)
     text = args.text if args.input is None else read_text(args.input)
     try:
-        path, _ = plot_hidden_states(load_task(runs[0], with_data=False), text, args.out, args.channels)
+        path, _ = plot_hidden_states(load_task(run, with_data=False), text, args.out, args.channels)
     except ValueError as err:
-        raise ConfigError(f"{runs[0]}: {err}") from None
+        raise ConfigError(f"{run}: {err}") from None
     print(path)
     return 0
 
@@ -323,8 +332,8 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
-#: The modules of :mod:`seqzoo.bench`, each with a ``main(argv)``.
-BENCHMARKS = ("encoders", "mzu")
+#: The modules of :mod:`seqzoo.bench`, each with a ``main(argv)`` (found by file name, imported when run).
+BENCHMARKS = tuple(sorted(p.stem for p in (Path(__file__).parent / "bench").glob("*.py") if not p.stem.startswith("_")))
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -432,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("run_b")
     compare.add_argument("--json", action="store_true", help="one JSON object per metric")
     compare.set_defaults(func=_compare)
-    bench = sub.add_parser("bench", help="benchmarks: seqzoo bench encoders|mzu --help")
+    bench = sub.add_parser("bench", help=f"benchmarks: seqzoo bench {'|'.join(BENCHMARKS)} --help")
     bench.add_argument("name", choices=BENCHMARKS, help="the benchmark (its own options: seqzoo bench NAME --help)")
     bench.add_argument("rest", nargs=argparse.REMAINDER, metavar="...", help="the benchmark's own options")
     bench.set_defaults(func=_bench)

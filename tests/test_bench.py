@@ -115,7 +115,11 @@ def test_bench_unknown_name_is_a_clear_error(capsys, name):
     with pytest.raises(SystemExit) as exit_info:  # argparse's usage error, listing the benchmarks
         main(["bench", name])
     assert exit_info.value.code == 2
-    assert f"invalid choice: '{name}' (choose from 'encoders', 'mzu')" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"invalid choice: '{name}' (choose from " in err
+    assert all(
+        f"'{bench}'" in err for bench in ("compiled_step", "early_training_probe", "encoders", "mzu", "step_time")
+    )
 
 
 @pytest.mark.parametrize(
@@ -366,3 +370,52 @@ def test_bench_mzu_threads(small_mzu_bench, monkeypatch, capsys):
     finally:
         torch.set_num_threads(threads)
     assert {json.loads(line)["threads"] for line in capsys.readouterr().out.splitlines()} == {want}
+
+
+@needs_cxx
+def test_bench_compiled_step_compares_eager_and_compiled(capsys):
+    """One row per encoder, from a cold Inductor cache it sets up and takes down again."""
+    import os
+
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    args = ["bench", "compiled_step", "--encoders", "gru_ln", "--batch", "2", "--steps", "3", "--rounds", "1"]
+    with no_eager_fallback():
+        assert main([*args, "--threads", "1"]) == 0
+    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") == before
+    (row,) = capsys.readouterr().out.splitlines()
+    assert row.startswith("GRU + LN (H 264): forward + backward, median of 1: eager ")
+    assert ", 1 graph(s); max |compiled - eager| (dropout off) " in row
+    assert float(row.rsplit(" ", 1)[1]) < 1e-3  # the same function (tests/test_recurrent.py bounds it properly)
+
+
+def test_bench_compiled_step_refuses_an_unknown_encoder(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "compiled_step", "--encoders", "gru_ln,nope"])
+    assert "unknown encoder(s) nope; choose from capmzu, dtgru, gru_ln" in capsys.readouterr().err
+
+
+def test_bench_step_time_times_each_config_under_each_precision(tmp_path, capsys):
+    from conftest import write_sentiment_corpus
+
+    data = write_sentiment_corpus(tmp_path / "data", sizes=(24, 4, 4))
+    configs = []
+    for encoder in ("lstm", "gru"):
+        path = tmp_path / f"{encoder}.yaml"
+        path.write_text(
+            f"name: toy\noutput_dir: {tmp_path / 'runs'}\n"
+            f"data: {{name: toy, data_dir: {data}, embedding_dim: 8}}\n"
+            f"model: {{encoder: {encoder}, encoder_args: {{hidden_size: 6}}, pooler: mean}}\n"
+            "optim: {optimizer: adam, lr: 0.01}\n"
+            "train: {epochs: 1, batch_size: 8, seed: 3, progress: false, threads: 1}\n"
+        )
+        configs.append(str(path))
+    per_step = tmp_path / "steps.jsonl"
+    args = ["bench", "step_time", *configs, "--steps", "2", "--precisions", "fp32,bf16", "--per-step", str(per_step)]
+    assert main(args) == 0
+    rows = _rows(capsys)
+    assert [(r["config"], r["precision"], r["steps"]) for r in rows] == [
+        (c, p, 2) for c in configs for p in ("fp32", "bf16")
+    ]
+    assert rows[0]["total_vs_first"] == 1.0 and all(r["median_s"] > 0 and r["parameters"] > 0 for r in rows)
+    steps = [json.loads(line) for line in per_step.read_text().splitlines()]
+    assert len(steps) == 8 and {s["step"] for s in steps} == {0, 1}

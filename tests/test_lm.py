@@ -266,12 +266,10 @@ def test_length_plot_orders_the_buckets_of_all_runs_by_length(tmp_path, monkeypa
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_early_training_probe_trains_as_seqzoo_train_does(corpus, tmp_path, capsys, monkeypatch, precision):
-    """benchmarks/early_training_probe.py claims seqzoo train's steps: its mean training cross-entropy
+def test_early_training_probe_trains_as_seqzoo_train_does(corpus, tmp_path, capsys, precision):
+    """seqzoo bench early_training_probe claims seqzoo train's steps: its mean training cross-entropy
     over the first steps equals the train_loss of the trainer's step record (same seed, batches,
     optimiser, precision); it seeded from train.seed where a config lists train.seeds."""
-    import runpy
-
     import yaml
 
     from seqzoo.config import config_to_dict
@@ -282,8 +280,7 @@ def test_early_training_probe_trains_as_seqzoo_train_does(corpus, tmp_path, caps
     values = config_to_dict(config)
     values["train"].pop("seed", None)
     path.write_text(yaml.safe_dump(values))
-    monkeypatch.setattr("sys.argv", ["probe", str(path), "--steps", "5", "--every", "5"])
-    runpy.run_path(str(Path(__file__).parent.parent / "benchmarks/early_training_probe.py"), run_name="__main__")
+    assert main(["bench", "early_training_probe", str(path), "--steps", "5", "--every", "5"]) == 0
     probe_bits = float(re.search(r"step 5: train CE ([0-9.]+) bits", capsys.readouterr().out).group(1))
     config.train.seeds, config.train.seed = [], 7  # the first seed's run alone
     run(config, tmp_path / "r")

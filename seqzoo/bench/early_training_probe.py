@@ -10,7 +10,7 @@ faster per step?" in minutes, not "which model is better" (that needs dev/test, 
 ``train.threads`` is honoured as in ``seqzoo train``: two probes side by side need
 ``--set train.threads=1`` each; otherwise they oversubscribe the cores and run >15x slower.
 
-    SEQZOO_DATA=../shared/data python benchmarks/early_training_probe.py \\
+    SEQZOO_DATA=../shared/data seqzoo bench early_training_probe \\
         configs/lm_brown_char_capmzu_dt.yaml --steps 150 --set model.encoder_args.num_zones=2
 """
 
@@ -21,6 +21,7 @@ import math
 import statistics
 import time
 
+from seqzoo.bench import positive_int
 from seqzoo.config import load_config
 from seqzoo.training.devices import autocast, model_device, set_seed, set_threads
 from seqzoo.training.optim import build_optimizer, scheduled_lr, update
@@ -28,13 +29,19 @@ from seqzoo.training.registry import get_task
 from seqzoo.training.trainer import total_steps
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``seqzoo bench early_training_probe``."""
+    parser = argparse.ArgumentParser(prog="seqzoo bench early_training_probe", description=__doc__.splitlines()[0])
     parser.add_argument("config")
-    parser.add_argument("--steps", type=int, default=150)
-    parser.add_argument("--every", type=int, default=25)
+    parser.add_argument("--steps", type=positive_int, default=150)
+    parser.add_argument("--every", type=positive_int, default=25, help="a row every this many steps")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
     cfg = load_config(args.config, args.set)
     if cfg.train.precision == "fp16":  # the trainer's loss scaling is not reproduced here
         parser.error("the probe runs train.precision fp32 or bf16, not fp16")
@@ -73,7 +80,8 @@ def main() -> None:
                 f"{time.perf_counter() - start:.0f} s",
                 flush=True,
             )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

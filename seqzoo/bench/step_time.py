@@ -7,7 +7,7 @@ hits all of them alike. Prints one JSON object per config: median and total seco
 of its total to the first config's. It answers "how much shorter is an epoch of A than of B?" in
 minutes; a whole epoch's wall-clock (``seqzoo train``) is the reference.
 
-    SEQZOO_DATA=../shared/data python benchmarks/step_time.py \\
+    SEQZOO_DATA=../shared/data seqzoo bench step_time \\
         configs/imdb_dense_qrnn.yaml configs/imdb_dense_lstm.yaml --steps 40
 
 ``--precisions fp32,bf16`` times each config under each ``train.precision`` (mixed precision's
@@ -21,6 +21,7 @@ import json
 import statistics
 import time
 
+from seqzoo.bench import positive_int
 from seqzoo.config import load_config
 from seqzoo.data.io import atomic_write_text
 from seqzoo.training.devices import autocast, model_device, set_seed, set_threads
@@ -28,14 +29,20 @@ from seqzoo.training.optim import build_optimizer, update
 from seqzoo.training.registry import get_task
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``seqzoo bench step_time``."""
+    parser = argparse.ArgumentParser(prog="seqzoo bench step_time", description=__doc__.splitlines()[0])
     parser.add_argument("configs", nargs="+")
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=positive_int, default=40)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="applied to every config")
     parser.add_argument("--per-step", metavar="PATH", help="also write every step's seconds to PATH (JSONL)")
     parser.add_argument("--precisions", help="comma-separated train.precision values to time each config under")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
     runs = []
     for path in args.configs:
         for precision in args.precisions.split(",") if args.precisions else [None]:
@@ -72,7 +79,8 @@ def main() -> None:
     if args.per_step:
         rows = ({"config": run[0], "step": i, "s": round(t, 5)} for run in runs for i, t in enumerate(run[4]))
         atomic_write_text(args.per_step, "".join(json.dumps(row) + "\n" for row in rows))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
