@@ -15,7 +15,7 @@ import yaml
 from conftest import metric_records, without_gpu, write_sentiment_corpus
 from test_lm import write_corpus
 
-from seqzoo.cli import main
+from seqzoo.cli import _torchrun_argv, build_parser, main
 from seqzoo.config import RunConfig, config_from_dict
 from seqzoo.data.batching import bucket_batches, shard_batches
 from seqzoo.training.checkpoint import load_tensors
@@ -47,6 +47,29 @@ def test_shards_give_every_rank_as_many_batches_and_each_example_once():
 def test_one_process_keeps_the_per_rank_batch():
     config = config_from_dict({"train": {"batch_size": 4}})
     assert global_batch_config(config) is config
+
+
+def test_nproc_hands_each_process_the_same_command_without_it():
+    parser = build_parser()
+    given = ["--threads", "1", "--import", "mod", "train", "c.yaml", "--set", "a=b c", "--nproc", "2", "--run-dir", "r"]
+    args = parser.parse_args(given)
+    again = parser.parse_args(_torchrun_argv(args))
+    assert again.nproc is None
+    assert {**vars(again), "nproc": 2} == vars(args)
+    resumed = parser.parse_args(["train", "--resume", "r", "--nproc", "3"])
+    assert vars(parser.parse_args(_torchrun_argv(resumed))) == {**vars(resumed), "nproc": None}
+
+
+def test_a_run_resumes_only_on_as_many_processes_as_it_trained_on(tmp_path, capsys):
+    config = _classification_config(tmp_path)
+    run_dir = tmp_path / "run"
+    assert main(["train", str(config), "--run-dir", str(run_dir), "--set", "train.epochs=1"]) == 0
+    state = run_dir / "last" / "train_state.json"
+    assert json.loads(state.read_text())["world_size"] == 1
+    state.write_text(json.dumps({**json.loads(state.read_text()), "world_size": 2}))
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_dir), "--set", "train.epochs=2"]) == 2
+    assert "saved by a run on 2 process(es)" in capsys.readouterr().err
 
 
 def _torchrun(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import inspect
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -176,7 +177,10 @@ def replicate(model: nn.Module, find_unused_parameters: bool) -> nn.Module:
         return model
     device = next(model.parameters()).device
     ids = [device] if device.type == "cuda" else None
-    return _Replicated(model, device_ids=ids, find_unused_parameters=find_unused_parameters, broadcast_buffers=False)
+    # The option's name since torch 2.13 (broadcast_buffers before it, now deprecated).
+    sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(_Replicated).parameters else None
+    no_sync = {sync or "broadcast_buffers": False}
+    return _Replicated(model, device_ids=ids, find_unused_parameters=find_unused_parameters, **no_sync)
 
 
 def launch(nproc: int, argv: list[str]) -> int:

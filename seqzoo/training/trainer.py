@@ -290,8 +290,7 @@ class Trainer:
         for index in range(state["step_in_epoch"], len(batches)):
             if _budget_spent(state, cfg):
                 break
-            with torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
-                loss, tokens, count, auxiliary = StepLoss(*task.train_loss(batches[index]))  # (a plain 3-tuple too)
+            loss, tokens, count, auxiliary = self._step_loss(batches[index])
             # Sums over the ranks (this rank's own figures on one process): loss x count, regulariser x count,
             # count, tokens.
             totals = distributed.all_sum([loss.item() * count, auxiliary * count, float(count), float(tokens)])
@@ -335,6 +334,20 @@ class Trainer:
         bar.close()
         seconds = time.perf_counter() - start - saving
         self._end_epoch(epoch, seconds, tokens_seen, resumed_at, saving)
+
+    def _step_loss(self, batch: Any) -> StepLoss:
+        """The task's loss on ``batch`` in the run's precision. DDP's complaint about parameters that got
+        no gradient at the step before (found in this step's forward) names the key that allows them."""
+        try:
+            with torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
+                return StepLoss(*self.task.train_loss(batch))  # (a plain 3-tuple too)
+        except RuntimeError as err:
+            if "find_unused_parameters" not in str(err):
+                raise
+            raise TrainingError(
+                "the model gave some parameters no gradient at the previous step, which data-parallel training "
+                "must be told: set train.find_unused_parameters=true (docs/distributed.md)"
+            ) from None
 
     def _epoch_loss(self) -> float:
         """The mean training loss of the epoch so far."""
