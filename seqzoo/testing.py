@@ -1,9 +1,13 @@
 """Checks of the encoder contract, reusable for any encoder (ours or a user's).
 
-Each function raises AssertionError with the measured difference when the invariant fails.
+Each function raises AssertionError with the measured difference when the invariant fails. Their
+``atol`` defaults to :func:`rounding_tolerance`, derived from the encoder's float32-vs-float64 error,
+so that a correct encoder passes on any CPU (vector width, fused multiply-adds) or GPU.
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 from torch import Tensor
@@ -16,6 +20,7 @@ __all__ = [
     "assert_padding_gradients",
     "assert_padding_invariant",
     "assert_stateful_chunks",
+    "rounding_tolerance",
 ]
 
 
@@ -56,9 +61,31 @@ def _nan_padded(encoder: Encoder, lengths: list[int], seed: int) -> tuple[Tensor
     return x.masked_fill(~mask.unsqueeze(-1), float("nan")), mask
 
 
-def assert_padding_invariant(encoder: Encoder, lengths: list[int], atol: float = 1e-5, seed: int = 0) -> None:
+def rounding_tolerance(encoder: Encoder, seed: int = 0) -> float:
+    """How far two correct evaluations of ``encoder`` in its dtype may differ (a row alone and in a
+    batch take different kernels, so they round differently): the default ``atol`` of the checks.
+
+    A copy of the encoder runs a padded batch in float32 and in float64; their difference ``e`` is
+    float32's rounding error on this function (about κ · eps32 for its condition number κ), so in
+    the encoder's dtype the error is about ``e · eps / eps32``. Each of two evaluations lies within
+    it of the exact result: 8 times it, plus 16 ulps of the outputs' scale, bounds their difference."""
+    param = next(encoder.parameters(), None)
+    dtype = param.dtype if param is not None and param.is_floating_point() else torch.get_default_dtype()
+    twin = copy.deepcopy(encoder)
+    x = _randn(twin.double(), torch.Generator().manual_seed(seed), 6, 9).double()  # (B, T, D)
+    mask = (torch.arange(9).unsqueeze(0) < torch.tensor([9, 4, 7, 1, 9, 5]).unsqueeze(1)).to(x.device)
+    with module_mode(twin, training=False), torch.no_grad():
+        exact = twin(x, mask)[0]
+        error = (twin.float()(x.float(), mask)[0].double() - exact).abs().max().item()
+    eps = torch.finfo(dtype).eps
+    scale = max(1.0, exact.abs().max().item())
+    return 8 * error * eps / torch.finfo(torch.float32).eps + 16 * eps * scale
+
+
+def assert_padding_invariant(encoder: Encoder, lengths: list[int], atol: float | None = None, seed: int = 0) -> None:
     """Each row of a padded batch gives the outputs (and final state) of that row run alone,
-    whatever its pads hold: they are NaN here."""
+    whatever its pads hold: they are NaN here. ``atol``: :func:`rounding_tolerance` when None."""
+    atol = rounding_tolerance(encoder, seed) if atol is None else atol
     x, mask = _nan_padded(encoder, lengths, seed)
     batch, time = x.shape[:2]
     out, state = encoder(x, mask)
@@ -97,8 +124,10 @@ def assert_padding_gradients(encoder: Encoder, lengths: list[int], seed: int = 0
     _close(dx[~mask], torch.zeros_like(dx[~mask]), 0.0, "input gradient at pad positions must be zero")
 
 
-def assert_batch_invariant(encoder: Encoder, atol: float = 1e-5, seed: int = 0) -> None:
-    """Outputs of a row do not depend on which other rows share the batch."""
+def assert_batch_invariant(encoder: Encoder, atol: float | None = None, seed: int = 0) -> None:
+    """Outputs of a row do not depend on which other rows share the batch. ``atol``:
+    :func:`rounding_tolerance` when None."""
+    atol = rounding_tolerance(encoder, seed) if atol is None else atol
     gen = torch.Generator().manual_seed(seed)
     x = _randn(encoder, gen, 6, 9)
     mask = (torch.arange(9).unsqueeze(0) < torch.tensor([9, 4, 7, 1, 9, 5]).unsqueeze(1)).to(x.device)
@@ -113,16 +142,18 @@ def assert_batch_invariant(encoder: Encoder, atol: float = 1e-5, seed: int = 0) 
 def assert_stateful_chunks(
     encoder: Encoder,
     chunks: tuple[int, ...] = (3, 1, 5),
-    atol: float = 1e-5,
+    atol: float | None = None,
     seed: int = 0,
     lengths: tuple[int, ...] = (9, 6, 4, 2),
 ) -> None:
     """Running a padded batch chunk by chunk, carrying (detached) state, equals one whole run:
     outputs and each row's final state. The default rows end in the last chunk, at the end of
-    the second and inside the first (then all pads: their state must pass through unchanged)."""
+    the second and inside the first (then all pads: their state must pass through unchanged).
+    ``atol``: :func:`rounding_tolerance` when None."""
     time = sum(chunks)
     if max(lengths) != time:
         raise ValueError(f"the longest row ({max(lengths)}) must span the chunks ({time} steps)")
+    atol = rounding_tolerance(encoder, seed) if atol is None else atol
     x, mask = _nan_padded(encoder, list(lengths), seed)
     whole, whole_state = encoder(x, mask)
     state, pieces, start = None, [], 0
@@ -136,9 +167,11 @@ def assert_stateful_chunks(
         _close(a, b, atol, "chunked vs whole-sequence final state")
 
 
-def assert_contract(encoder: Encoder, atol: float = 1e-5) -> None:
+def assert_contract(encoder: Encoder, atol: float | None = None) -> None:
     """All invariants that apply to ``encoder`` (stateful chunking only for causal ones): in eval mode,
-    except the gradient check (:func:`assert_padding_gradients`)."""
+    except the gradient check (:func:`assert_padding_gradients`). ``atol``: :func:`rounding_tolerance`
+    when None."""
+    atol = rounding_tolerance(encoder) if atol is None else atol
     with module_mode(encoder, training=False):
         with torch.no_grad():
             assert_padding_invariant(encoder, [7, 3, 1, 5, 0], atol)
