@@ -38,11 +38,11 @@ def _gru_ln_from_torch(ours: LayerNormGRU, ref: torch.nn.GRU) -> None:
 def test_gru_ln_without_norm_equals_torch_gru():
     """With LN off, gru_ln is exactly a GRU: torch's update gate z is our 1 − u."""
     torch.manual_seed(0)
-    ours = LayerNormGRU(4, 3, layer_norm=False)
-    ref = torch.nn.GRU(4, 3, batch_first=True)
+    ours = LayerNormGRU(4, 3, layer_norm=False).double()  # float64: the formulas, not float32's rounding
+    ref = torch.nn.GRU(4, 3, batch_first=True).double()
     _gru_ln_from_torch(ours, ref)
-    x = torch.randn(2, 5, 4)
-    h0 = torch.randn(1, 2, 3)
+    x = torch.randn(2, 5, 4, dtype=torch.float64)
+    h0 = torch.randn(1, 2, 3, dtype=torch.float64)
     torch.testing.assert_close(ours(x, state=h0)[0], ref(x, h0)[0])
 
 

@@ -264,9 +264,9 @@ def test_fast_path_equals_reference_and_disagreement(kwargs):
 
 def test_disagreement_sums_over_m_functions():
     torch.manual_seed(0)
-    cell = MZUCell(3, 8, transition_depth=1, composition="sat", num_zones=4)
+    cell = MZUCell(3, 8, transition_depth=1, composition="sat", num_zones=4).double()  # the formula, not rounding
     cell.track_disagreement = True
-    x, h = torch.randn(2, 3), torch.randn(2, 8)
+    x, h = torch.randn(2, 3, dtype=torch.float64), torch.randn(2, 8, dtype=torch.float64)
     _, d_zone = cell.reference(x, h)
     t0, t1 = cell.transitions
     terms = [zone_disagreement(m.generate(torch.cat([x, h], -1)).view(2, 4, 2)) for m in (t0.candidate, t0.gate)]
