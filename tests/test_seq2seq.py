@@ -601,7 +601,7 @@ def test_translation_loss_is_the_nll_per_target_character_ignoring_padding(tmp_p
     torch.manual_seed(0)
     task = TranslationTask(config, read_splits(config.data))
     nll, count = 0.0, 0
-    task.model.eval()
+    task.model.double().eval()  # float64: batching changes only rounding, far below the tolerance below
     with torch.no_grad():
         for source, target in task.ids["dev"]:  # one pair at a time: no padding anywhere
             src = torch.tensor([source])
@@ -612,4 +612,4 @@ def test_translation_loss_is_the_nll_per_target_character_ignoring_padding(tmp_p
             )
             nll += F.cross_entropy(logits[0], tgt_out[0], reduction="sum").item()
             count += tgt_out.numel()
-    assert task.evaluate("dev")["loss"] == pytest.approx(nll / count, rel=1e-5)
+    assert task.evaluate("dev")["loss"] == pytest.approx(nll / count, rel=1e-9)
