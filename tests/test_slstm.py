@@ -110,14 +110,14 @@ def reference_paper(model: SLSTM, x: torch.Tensor, lengths) -> tuple[torch.Tenso
     return out, torch.stack(finals)
 
 
-@pytest.mark.parametrize("window", [1, 2])
+@pytest.mark.parametrize(("window", "lengths"), [(1, LENGTHS), (2, LENGTHS), (2, [4, 4])])  # padded, or none
 @pytest.mark.parametrize(("variant", "reference"), [("official", reference_official), ("paper", reference_paper)])
-def test_slstm_matches_per_word_reference(variant, reference, window):
+def test_slstm_matches_per_word_reference(variant, reference, window, lengths):
     torch.manual_seed(0)
     model = SLSTM(4, 4, num_steps=3, window=window, variant=variant).double().eval()
-    x, mask = padded_batch(4)
+    x, mask = padded_batch(4, lengths)
     out, (g, _) = model(x, mask)
-    expected, expected_g = reference(model, x, LENGTHS)
+    expected, expected_g = reference(model, x, lengths)
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
     torch.testing.assert_close(g, expected_g, rtol=0, atol=1e-12)
     assert model.global_state((g, None)) is g and model.global_size == 4

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqzoo.encoders.base import Encoder, State, check_rate, register_encoder, zero_padding
+from seqzoo.encoders.base import Encoder, State, check_rate, register_encoder, takes_all_real_shortcut, zero_padding
 
 __all__ = ["SLSTM", "VARIANTS", "SentenceStateCell", "shift"]
 
@@ -166,17 +166,20 @@ class SentenceStateCell(nn.Module):
         every step. The global node is updated at every step. ``gather=True`` computes only the
         words being updated (their rows gathered, updated, scattered back); ``gather=False``
         computes every position and keeps the old state where a word is not updated: the same
-        values, at the cost of all words.
+        values, at the cost of all words. When every position is updated at every step (no pads,
+        no depths) both compute all positions, with nothing to gather or keep.
         """
         h, c, g, c_g = state
         batch, time, hidden = h.shape
+        every_word = updates is None and takes_all_real_shortcut(mask)  # nothing to gather or keep
+        dense = every_word or not gather
         forget_pre = self.word_forget(h)  # U_f h_i + b_f (B, T, H), refreshed only where h changes
         for step in range(num_steps):
             active = mask if updates is None else mask & (updates > step)  # (B, T)
             new_g, new_c_g = self.global_update(h, c, g, c_g, forget_pre, mask)
             window, c_left, c_right = self.windows(h, c)
-            rows = active.flatten().nonzero().squeeze(1) if gather else None  # (N,) flat indices b·T + t
-            positions = rows if gather else torch.arange(batch * time, device=h.device)
+            rows = None if dense else active.flatten().nonzero().squeeze(1)  # (N,) flat indices b·T + t
+            positions = torch.arange(batch * time, device=h.device) if dense else rows
             sentence = positions // time  # (N,) batch row of each word
 
             def take(t: Tensor, rows: Tensor | None = rows) -> Tensor:
@@ -187,7 +190,10 @@ class SentenceStateCell(nn.Module):
             cell_x = take(x_cell) if x_cell is not None else None
             h_rows, c_rows = self.word_update(pre, take(c), take(c_left), take(c_right), c_g[sentence], cell_x)
             forget_rows = self.word_forget(h_rows)
-            if gather:
+            if every_word:
+                h, c = h_rows.view(batch, time, hidden), c_rows.view(batch, time, hidden)
+                forget_pre = forget_rows.view(batch, time, hidden)
+            elif not dense:
                 h = h.reshape(batch * time, hidden).index_copy(0, rows, h_rows).view(batch, time, hidden)
                 c = c.reshape(batch * time, hidden).index_copy(0, rows, c_rows).view(batch, time, hidden)
                 forget_pre = forget_pre.reshape(batch * time, hidden).index_copy(0, rows, forget_rows)
