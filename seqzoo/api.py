@@ -18,7 +18,7 @@ from seqzoo.config import RunConfig, load_config
 from seqzoo.training.registry import get_task
 from seqzoo.training.runner import find_runs, load_task
 
-__all__ = ["TrainedModel", "load"]
+__all__ = ["TrainedModel", "last_stage", "load"]
 
 
 class TrainedModel:
@@ -72,6 +72,15 @@ class TrainedModel:
         return f"TrainedModel({str(self.path)!r}, task={self.config.task!r}, encoder={self.config.model.encoder!r})"
 
 
+def last_stage(run_dir: Path) -> str | None:
+    """The name of the last stage where ``run_dir`` is a staged run, else None."""
+    stored = run_dir / "config.yaml"
+    if not stored.is_file():
+        return None
+    stages = load_config(stored, resolved=True).stages
+    return stages[-1].name if stages else None
+
+
 def load(
     run_dir: str | Path,
     *,
@@ -88,10 +97,7 @@ def load(
     naming the models there.
     """
     root = Path(run_dir)
-    stored = root / "config.yaml"
-    if stage is None and stored.exists() and not (root / "best").exists():
-        stages = load_config(stored, resolved=True).stages
-        stage = stages[-1].name if stages else None
+    stage = stage if stage is not None else last_stage(root)
     if stage is not None:
         root = root / stage
     runs = find_runs(root)

@@ -1,4 +1,5 @@
-"""The ``seqzoo`` command: train, evaluate, predict, sample, plot-zones, plot-lengths, plot-hidden, compare, bench."""
+"""The ``seqzoo`` command: train, evaluate, predict, sample, plot-zones, plot-lengths, plot-hidden, plot-depths,
+compare, bench."""
 
 from __future__ import annotations
 
@@ -320,6 +321,29 @@ def _plot_hidden(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plot_depths(args: argparse.Namespace) -> int:
+    """The figure, then one JSON line: the text's depths and the split's histogram, mean depth and its
+    accuracy at the predicted depths and at full depth on the same weights (the full-depth ablation)."""
+    from seqzoo.analysis.depths import plot_depths
+    from seqzoo.training.runner import load_task
+
+    run = _model_run(args.run_dir)
+    split = None if args.split == "none" else args.split
+    task = load_task(run, with_data=split is not None, data_paths=args.set)
+    try:
+        path, sentence, histogram = plot_depths(task, args.text, args.out, split)
+    except ValueError as err:
+        raise ConfigError(f"{run}: {err}") from None
+    record = {"run": str(run), "tokens": sentence.tokens, "depths": sentence.depths}
+    if histogram is not None:
+        summary = {"mean_depth": histogram.mean, "num_layers": histogram.num_layers, "counts": histogram.counts}
+        accuracies = {"accuracy": histogram.accuracy, "full_depth_accuracy": histogram.full_depth_accuracy}
+        record |= {"split": histogram.split, **summary, **accuracies}
+    print(path)
+    print(json.dumps(record, ensure_ascii=False))
+    return 0
+
+
 def _compare(args: argparse.Namespace) -> int:
     from seqzoo.training.stats import compare_runs, finite_or_none, format_comparison
 
@@ -436,6 +460,13 @@ def build_parser() -> argparse.ArgumentParser:
     hidden.add_argument("--out", required=True, help="PNG path")
     hidden.add_argument("--channels", type=int, help="show only the N units that vary most over the document")
     hidden.set_defaults(func=_plot_hidden)
+    depths = sub.add_parser("plot-depths", help="DA-GRN depth of each word of a text and over a split, as PNG")
+    depths.add_argument("run_dir", help="a dagrn run (its first seed) or one seed-N of it")
+    depths.add_argument("--text", required=True, help="the sentence whose words' depths are drawn")
+    depths.add_argument("--split", default="test", choices=["train", "dev", "test", "none"], help="(default: test)")
+    depths.add_argument("--out", required=True, help="PNG path")
+    depths.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=MOVED_DATA_HELP)
+    depths.set_defaults(func=_plot_depths)
     compare = sub.add_parser("compare", help="test metrics of two multi-seed runs: mean ± std and Welch's t-test")
     compare.add_argument("run_a")
     compare.add_argument("run_b")

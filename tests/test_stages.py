@@ -63,8 +63,17 @@ def test_fine_tuning_keeps_the_frozen_encoder_and_resumes_after_an_interruption(
     assert set(report["loaded"]) == set(pretrained) and report["not_loaded"] == report["unused"] == []
     assert sorted(report["frozen"]) == sorted(encoder) and report["from"] == str(clean / "pretrain" / "best")
     assert not (clean / "pretrain" / "init_from.json").exists()  # a stage without init_from or freeze
-    assert seqzoo.load(clean).path == clean / "finetune"  # a staged run's model is its last stage's
+    tuned_model = seqzoo.load(clean)
+    assert tuned_model.path == clean / "finetune"  # a staged run's model is its last stage's
     assert seqzoo.load(clean, stage="pretrain").path == clean / "pretrain"
+    capsys.readouterr()
+    (tmp_path / "texts.txt").write_text("a superb film\n")
+    assert main(["predict", str(clean), "--input", str(tmp_path / "texts.txt")]) == 0  # the last stage's model
+    assert json.loads(capsys.readouterr().out) == {
+        "line": 1,
+        "text": "a superb film",
+        **tuned_model.predict(["a superb film"])[0],
+    }
     assert main(["train", "--resume", str(clean / "finetune")]) == 2  # the run resumes it, not the stage alone
     assert f"is one stage of the run {clean}: resume that (--resume {clean})" in capsys.readouterr().err
 
