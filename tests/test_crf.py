@@ -84,11 +84,14 @@ def test_gradients_gradcheck():
     assert torch.autograd.gradcheck(lambda e: crf(e, tags, mask), (emissions,))
 
 
-def test_fast_gradient_equals_reference_gradient():
-    crf = _crf(6, scale=2.0)
-    emissions, _, mask = _batch([7, 5, 5, 1, 3], 6)
+@pytest.mark.parametrize("tags", [6, 70])  # the element-wise vector-matrix product and torch.mm
+def test_fast_gradient_equals_reference_gradient(tags):
+    crf = _crf(tags, scale=2.0)
+    emissions, _, mask = _batch([7, 5, 5, 1, 3, 7, 2], tags)
+    lattice = _Lattice.build(emissions, mask, *(x.detach() for x in crf.scores(torch.float64)))
+    assert lattice is not None and (lattice.scratch is None) == (tags == 70)
     inputs = [x.detach().clone().requires_grad_(True) for x in (emissions, *crf.scores(torch.float64))]
-    weights = torch.randn(5, dtype=torch.float64)
+    weights = torch.randn(7, dtype=torch.float64)
     fast = torch.autograd.grad(log_partition(inputs[0], mask, *inputs[1:]) @ weights, inputs)
     ref = torch.autograd.grad(log_partition_reference(inputs[0], mask, *inputs[1:]) @ weights, inputs)
     for a, b in zip(fast, ref, strict=True):
@@ -227,7 +230,7 @@ def test_pruned_max_plus_is_exact(scale):
     trans = torch.randn(tags, tags) * scale
     delta = torch.randn(7, tags) * 3
     out = (torch.empty(7, tags), torch.empty(7, tags, dtype=torch.long))
-    _max_plus(delta, trans, trans.amax(0), out, torch.empty(7, tags, tags))
+    _max_plus(delta, trans.t().contiguous(), trans.amax(0), out, torch.empty(7, tags, tags))
     expected = (delta.unsqueeze(2) + trans).max(1)
     assert torch.equal(out[0], expected.values) and torch.equal(out[1], expected.indices)
     crf = CRF(tags)

@@ -14,13 +14,15 @@ True = real token). A row without a real token has the empty path: log-likelihoo
 decoded as all -1 and zero marginals.
 
 Two paths compute log Z: :func:`log_partition_reference`, the per-step ``logsumexp`` forward
-algorithm through autograd, and the fast path, a scaled forward-backward in exp space (one matmul
-with exp(A) per step, rows sorted by length so each step touches only the rows still running)
-whose gradient is the exact closed form (marginals for the emissions, pair marginals for A). Where
-the exp-space recursion would lose precision (a step's mass under sqrt(tiny), possible only with
-scores more than ~40 nats apart in float32) it falls back to the reference. Viterbi decoding is
-a max-plus step per position; with many tags it first tries the best-scoring ``m`` previous tags
-and checks a bound that proves the result exact, else it takes the full K x K step.
+algorithm through autograd, and the fast path, a scaled forward-backward in exp space (one
+vector-matrix product with exp(A) per step, rows sorted by length so each step touches only the
+rows still running) whose gradient is the exact closed form (marginals for the emissions, pair
+marginals for A). Where the exp-space recursion would lose precision (a step's mass under
+sqrt(tiny), possible only with scores more than ~40 nats apart in float32) it falls back to the
+reference. Viterbi decoding (:func:`viterbi`; :func:`viterbi_reference` is its oracle) is a
+max-plus step per position and a backtrace by gather over the stacked argmax tensor; with many tags
+a step first tries the best-scoring few previous tags and checks a bound that proves the result
+exact, else it takes the full K x K step.
 """
 
 from __future__ import annotations
@@ -35,12 +37,21 @@ from torch.autograd.function import once_differentiable
 from seqzoo.data.tags import allowed_transitions
 from seqzoo.encoders.base import check_mask
 
-__all__ = ["CRF", "REDUCTIONS", "log_partition_reference", "viterbi_reference"]
+__all__ = [
+    "CRF",
+    "DISALLOWED",
+    "REDUCTIONS",
+    "log_partition",
+    "log_partition_reference",
+    "path_score",
+    "viterbi",
+    "viterbi_kbest",
+    "viterbi_reference",
+]
 
 REDUCTIONS = ("none", "sum", "mean", "token_mean")
 DISALLOWED = -10000.0  # score of a transition a tag scheme forbids: finite, so gradients stay finite
-_PRUNE_MIN_TAGS = 64  # from this many tags on, Viterbi tries the best few previous tags first
-_PRUNE_CANDIDATES = (4, 24)  # how many, in turn
+_PRUNE_CANDIDATES = (4, 24)  # Viterbi tries the best m previous tags first, in turn, where 4 m <= K
 
 
 class CRF(nn.Module):
@@ -163,9 +174,11 @@ def path_score(emissions: Tensor, tags: Tensor, mask: Tensor, start: Tensor, tra
     lengths = mask.sum(1)  # (B,)
     real = mask.to(emissions.dtype)
     score = (emissions.gather(2, tags.unsqueeze(2)).squeeze(2) * real).sum(1)  # sum_t e_t[y_t]
-    score = score + (trans[tags[:, :-1], tags[:, 1:]] * real[:, 1:]).sum(1)  # sum_{t>=1} A[y_{t-1}, y_t]
+    pairs = tags[:, :-1] * trans.shape[1] + tags[:, 1:]  # (B, T-1) flat index of A[y_{t-1}, y_t]
+    score = score + (trans.reshape(-1).gather(0, pairs.reshape(-1)).view_as(pairs) * real[:, 1:]).sum(1)
     last = tags.gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)  # (B,)
-    return torch.where(lengths > 0, score + start[tags[:, 0]] + end[last], 0.0)
+    ends = start.gather(0, tags[:, 0]) + end.gather(0, last)  # (B,)
+    return torch.where(lengths > 0, score + ends, 0.0)
 
 
 def log_partition_reference(emissions: Tensor, mask: Tensor, start: Tensor, trans: Tensor, end: Tensor) -> Tensor:
@@ -226,14 +239,18 @@ class _LogPartition(torch.autograd.Function):
         return (*grads, None)
 
 
-def _by_length(mask: Tensor) -> tuple[Tensor, Tensor, list[int]]:
-    """Rows sorted by length, longest first: the order (B,), the sorted lengths (B,) and, per time
-    step t, how many rows are still running (a prefix of the sorted rows)."""
+def _by_length(mask: Tensor) -> tuple[Tensor, Tensor, Tensor, list[int]]:
+    """Rows sorted by length, longest first: the order (B,), its inverse (B,), the sorted lengths (B,)
+    and, per time step t, how many rows are still running (a prefix of the sorted rows).
+
+    Rows move with index_select, never with advanced indexing (which may wake the thread team
+    however small the tensor; so may a max with indices over a non-innermost dimension)."""
     lengths = mask.sum(1)  # (B,)
     order = torch.argsort(lengths, descending=True, stable=True)
-    lengths = lengths[order]
+    inverse = torch.empty_like(order).scatter_(0, order, torch.arange(len(order), device=order.device))
+    lengths = lengths.index_select(0, order)
     running = (lengths.unsqueeze(0) > torch.arange(mask.shape[1], device=mask.device).unsqueeze(1)).sum(1)  # (T,)
-    return order, lengths, running.tolist()
+    return order, inverse, lengths, running.tolist()
 
 
 def _prefix(steps: Sequence[Tensor] | Tensor, t: int, rows: int, batch: int) -> Tensor:
@@ -242,17 +259,23 @@ def _prefix(steps: Sequence[Tensor] | Tensor, t: int, rows: int, batch: int) -> 
     return step if rows == batch else step[:rows]
 
 
-def _vec_mat(x: Tensor, matrix: Tensor, out: Tensor, scratch: Tensor) -> None:
-    """out = x @ matrix for x (rows, K). A product small enough for one thread (under ATen's grain
-    size) is an element-wise product and a sum: torch.mm may wake a BLAS thread team even for a
-    tiny product, which costs more than the product itself."""
-    rows, tags = x.shape
-    if rows * tags * tags >= 32768:
-        torch.mm(x, matrix, out=out)
+_SMALL_PRODUCT = 32768  # ATen's grain size: element-wise work under it runs on one thread
+
+
+def _vec_mat(x: Tensor, matrix_t: Tensor, out: Tensor, scratch: Tensor | None) -> None:
+    """out = x @ M for x (rows, K) and ``matrix_t`` = M^T, contiguous (K, K).
+
+    With a (B, K, K) ``scratch`` (batches under :data:`_SMALL_PRODUCT` elements) the product is an
+    element-wise product and a sum over the innermost dimension, which run on one thread: torch.mm
+    may wake a BLAS thread team even for a tiny product, which costs far more than the product on a
+    loaded machine. Without one, torch.mm.
+    """
+    if scratch is None:
+        torch.mm(x, matrix_t.t(), out=out)
         return
-    products = scratch[:rows]
-    torch.mul(x.unsqueeze(2), matrix, out=products)  # (rows, K, K)
-    torch.sum(products, 1, out=out)
+    products = scratch[: x.shape[0]]
+    torch.mul(x.unsqueeze(1), matrix_t, out=products)  # (rows, K, K): [b, j, i] = x[b, i] M[i, j]
+    torch.sum(products, 2, out=out)
 
 
 class _Lattice:
@@ -264,15 +287,15 @@ class _Lattice:
 
     def __init__(self, emissions: Tensor, mask: Tensor, start: Tensor, trans: Tensor, end: Tensor) -> None:
         self.mask = mask
-        self.order, self.lengths, self.running = _by_length(mask)
+        self.order, self.inverse, self.lengths, self.running = _by_length(mask)
         seq_len, batch, tags = emissions.shape[1], emissions.shape[0], emissions.shape[2]
-        e = emissions[self.order].transpose(0, 1).contiguous()  # (T, B, K)
+        e = emissions.transpose(0, 1).index_select(1, self.order)  # (T, B, K)
         e_max = e.amax(2, keepdim=True)  # (T, B, 1)
         self.w = torch.exp(e - e_max)  # (T, B, K)
         trans_max = trans.max()
         self.exp_trans = torch.exp(trans - trans_max)  # (K, K)
-        self.exp_trans_t = self.exp_trans.t()
-        self.scratch = e.new_empty(batch, tags, tags)  # for _vec_mat
+        self.exp_trans_t = self.exp_trans.t().contiguous()
+        self.scratch = e.new_empty(batch, tags, tags) if batch * tags * tags < _SMALL_PRODUCT else None
         self.alpha = a = torch.zeros(seq_len, batch, tags, dtype=e.dtype, device=e.device)  # a_t, 0 at pads
         self.norm = n = torch.ones(seq_len, batch, 1, dtype=e.dtype, device=e.device)  # n_t, 1 at pads
         start_max = start.max()
@@ -286,7 +309,7 @@ class _Lattice:
             if rows == 0:
                 break
             cur, norm = _prefix(steps_a, t, rows, batch), _prefix(steps_n, t, rows, batch)
-            _vec_mat(_prefix(steps_a, t - 1, rows, batch), self.exp_trans, cur, self.scratch)  # (rows, K)
+            _vec_mat(_prefix(steps_a, t - 1, rows, batch), self.exp_trans_t, cur, self.scratch)  # (rows, K)
             cur.mul_(_prefix(steps_w, t, rows, batch))
             torch.sum(cur, 1, keepdim=True, out=norm)
             cur.div_(norm)
@@ -294,13 +317,14 @@ class _Lattice:
         self.exp_end = torch.exp(end - end_max)  # (K,)
         has_tokens = self.lengths > 0
         last = (self.lengths - 1).clamp(min=0)
-        self.final = a[last, torch.arange(batch, device=e.device)] @ self.exp_end  # (B,) sum_j a_{L-1}[j] exp(end_j)
+        self.last = last.view(1, batch, 1).expand(1, batch, tags)  # gathers step L-1 of each row
+        self.final = a.gather(0, self.last).squeeze(0) @ self.exp_end  # (B,) sum_j a_{L-1}[j] exp(end_j)
         real = (torch.arange(seq_len, device=e.device).unsqueeze(1) < self.lengths).unsqueeze(2)  # (T, B, 1)
         self.real = real
         log_z = ((torch.log(n) + e_max) * real).sum((0, 2))  # (B,)
         log_z = log_z + (self.lengths - 1).clamp(min=0) * trans_max + start_max + end_max + torch.log(self.final)
         log_z = torch.where(has_tokens, log_z, 0.0)
-        self.log_z = torch.empty_like(log_z).index_copy_(0, self.order, log_z)  # back in the batch's order
+        self.log_z = log_z.index_select(0, self.inverse)  # back in the batch's order
         tiny = torch.finfo(e.dtype).tiny ** 0.5
         self.precise = bool(
             ((n >= tiny) & (self.final >= tiny).view(1, batch, 1) | ~has_tokens.view(1, batch, 1)).all()
@@ -318,9 +342,9 @@ class _Lattice:
         where precision would be lost. b_t is beta_t normalised to sum 1; p_t = a_t * b_t / S_t."""
         seq_len, batch, _ = self.w.shape
         beta = torch.zeros_like(self.alpha)  # (T, B, K)
-        rows = torch.arange(batch, device=beta.device)
-        has_tokens = self.lengths > 0
-        beta[(self.lengths - 1).clamp(min=0)[has_tokens], rows[has_tokens]] = self.exp_end
+        beta.scatter_(
+            0, self.last, self.exp_end.expand(1, batch, -1)
+        )  # b_{L-1} = exp(end) (rows without tokens: unread)
         r = torch.zeros_like(self.alpha)
         sums = torch.ones_like(self.norm)  # (T, B, 1)
         steps_w, steps_beta, steps_r, steps_sums = self.w.unbind(0), beta.unbind(0), r.unbind(0), sums.unbind(0)
@@ -330,7 +354,7 @@ class _Lattice:
                 continue
             r_t, prev = _prefix(steps_r, t, rows, batch), _prefix(steps_beta, t - 1, rows, batch)
             torch.mul(_prefix(steps_w, t, rows, batch), _prefix(steps_beta, t, rows, batch), out=r_t)
-            _vec_mat(r_t, self.exp_trans_t, prev, self.scratch)  # sum_j E[i, j] r_t[j]
+            _vec_mat(r_t, self.exp_trans, prev, self.scratch)  # sum_j E[i, j] r_t[j]
             total = _prefix(steps_sums, t - 1, rows, batch)
             torch.sum(prev, 1, keepdim=True, out=total)
             prev.div_(total)
@@ -343,7 +367,7 @@ class _Lattice:
 
     def _unsort(self, x: Tensor) -> Tensor:
         """(T, B, ...) in sorted order -> (B, T, ...) in the batch's order."""
-        return torch.empty_like(x).index_copy_(1, self.order, x).transpose(0, 1)
+        return x.index_select(1, self.inverse).transpose(0, 1)
 
     def marginals(self) -> Tensor | None:
         result = self._backward()
@@ -355,49 +379,52 @@ class _Lattice:
         if result is None:
             return None
         probs, r, s = result
-        g = grad[self.order].view(1, -1, 1)  # (1, B, 1) sorted
+        g = grad.index_select(0, self.order).view(1, -1, 1)  # (1, B, 1) sorted
         grad_emissions = self._unsort(probs * g)  # (B, T, K)
         grad_start = (probs[0] * g[0]).sum(0)  # (K,)
-        last = (self.lengths - 1).clamp(min=0)
-        grad_end = (probs[last, torch.arange(probs.shape[1], device=probs.device)] * g[0]).sum(0)  # (K,)
+        grad_end = (probs.gather(0, self.last).squeeze(0) * g[0]).sum(0)  # (K,)
         # pair marginals sum_t p_t(i, j) = sum_t a_{t-1}[i] E[i, j] r_t[j] / (n_t S_t)
         weight = (r[1:] * (g / (self.norm[1:] * s[1:]))).reshape(-1, r.shape[2])  # ((T-1) B, K)
         pairs = self.alpha[:-1].reshape(-1, r.shape[2]).t() @ weight  # (K, K)
         return grad_emissions, grad_start, pairs * self.exp_trans, grad_end
 
 
-def _max_plus(delta: Tensor, trans: Tensor, trans_col_max: Tensor, out: tuple[Tensor, Tensor], scratch: Tensor) -> None:
-    """max_i and argmax_i of delta[b, i] + A[i, j], written into ``out`` ((rows, K) each); ``scratch``
-    is a (rows, K, K) buffer.
+def _max_plus(delta: Tensor, trans_t: Tensor, col_max: Tensor, out: tuple[Tensor, Tensor], scratch: Tensor) -> None:
+    """max_i and argmax_i of delta[b, i] + A[i, j], written into ``out`` ((rows, K) each), from
+    ``trans_t`` = A^T (contiguous), ``col_max`` = max_i A[i, j] and a (rows, K, K) ``scratch``. Every
+    reduction runs over the innermost dimension (a max with indices over another one may wake the
+    thread team even for a few elements).
 
-    With many tags, only the best m previous tags first (m from ``_PRUNE_CANDIDATES``): their best
-    is exact where it is at least the (m+1)-th best delta + max_i A[i, j], a bound on every other
-    tag's score; else the next m, and at last all K.
+    With many tags, only the best m previous tags first (each m of ``_PRUNE_CANDIDATES`` up to K/4):
+    their best is exact where it is at least the (m+1)-th best delta + max_i A[i, j], a bound on
+    every other tag's score; else the next m, and at last all K.
     """
-    tags = delta.shape[1]
-    if tags >= _PRUNE_MIN_TAGS:
-        for m in _PRUNE_CANDIDATES:
+    rows, tags = delta.shape
+    for m in _PRUNE_CANDIDATES:
+        if 4 * m <= tags:
             top, index = delta.topk(m + 1, dim=1)  # (rows, m+1), descending
-            rows_of = torch.index_select(trans, 0, index[:, :m].reshape(-1)).view(-1, m, tags)  # (rows, m, K)
-            best, arg = (top[:, :m].unsqueeze(2) + rows_of).max(1)  # (rows, K)
-            if bool((best >= top[:, m:] + trans_col_max).all()):
+            cand = torch.index_select(trans_t, 1, index[:, :m].reshape(-1)).view(tags, rows, m) + top[:, :m]
+            arg = cand.argmax(2)  # (K, rows) over (K, rows, m)
+            best = cand.gather(2, arg.unsqueeze(2)).squeeze(2).t()  # (rows, K)
+            if bool((best >= top[:, m:] + col_max).all()):
                 out[0].copy_(best)
-                torch.gather(index, 1, arg, out=out[1])
+                torch.gather(index, 1, arg.t(), out=out[1])
                 return
-    torch.add(delta.unsqueeze(2), trans, out=scratch)  # (rows, K, K)
-    torch.max(scratch, 1, out=out)
+    torch.add(delta.unsqueeze(1), trans_t, out=scratch)  # (rows, K, K): [b, j, i] = delta[b, i] + A[i, j]
+    torch.argmax(scratch, 2, out=out[1])
+    torch.gather(scratch, 2, out[1].unsqueeze(2), out=out[0].unsqueeze(2))
 
 
 def viterbi(emissions: Tensor, mask: Tensor, start: Tensor, trans: Tensor, end: Tensor) -> tuple[Tensor, Tensor]:
     """Best paths (B, T) (-1 at pads) and their scores (B,) (rows without a real token: 0)."""
-    order, lengths, running = _by_length(mask)
+    order, inverse, lengths, running = _by_length(mask)
     batch, seq_len, tags = emissions.shape
-    e = emissions[order].transpose(0, 1).contiguous()  # (T, B, K)
+    e = emissions.transpose(0, 1).index_select(1, order)  # (T, B, K)
     back = torch.zeros(seq_len, batch, tags, dtype=torch.long, device=e.device)  # argmax_i per step
     delta = start + e[0]  # (B, K)
     best = torch.empty_like(delta)
     scratch = e.new_empty(batch, tags, tags)
-    col_max = trans.amax(0)  # (K,)
+    col_max, trans_t = trans.amax(0), trans.t().contiguous()  # (K,), (K, K)
     steps_e, steps_back = e.unbind(0), back.unbind(0)
     views_for = 0  # the rows the views below cover
     for t in range(1, seq_len):
@@ -406,7 +433,7 @@ def viterbi(emissions: Tensor, mask: Tensor, start: Tensor, trans: Tensor, end: 
             break
         if rows != views_for:
             delta_r, best_r, scratch_r, views_for = delta[:rows], best[:rows], scratch[:rows], rows
-        _max_plus(delta_r, trans, col_max, (best_r, _prefix(steps_back, t, rows, batch)), scratch_r)
+        _max_plus(delta_r, trans_t, col_max, (best_r, _prefix(steps_back, t, rows, batch)), scratch_r)
         torch.add(best_r, _prefix(steps_e, t, rows, batch), out=delta_r)
     score, last = (delta + end).max(1)  # (B,)
     paths = torch.zeros(seq_len, batch, 1, dtype=torch.long, device=e.device)  # rows not yet started: tag 0
@@ -418,8 +445,9 @@ def viterbi(emissions: Tensor, mask: Tensor, start: Tensor, trans: Tensor, end: 
         if t > 0:
             torch.gather(steps_back[t], 1, steps_path[t], out=steps_path[t - 1])
     paths = paths.squeeze(2).masked_fill_(torch.arange(seq_len, device=e.device).unsqueeze(1) >= lengths, -1)
-    unsorted = torch.empty_like(paths).index_copy_(1, order, paths).t().contiguous()
-    return unsorted, torch.empty_like(score).index_copy_(0, order, torch.where(lengths > 0, score, 0.0))
+    return paths.index_select(1, inverse).t().contiguous(), torch.where(lengths > 0, score, 0.0).index_select(
+        0, inverse
+    )
 
 
 def viterbi_kbest(
@@ -434,21 +462,22 @@ def viterbi_kbest(
     device = emissions.device
     delta = emissions.new_full((batch, tags, k), float("-inf"))  # (B, K, k); -inf: no such path
     delta[:, :, 0] = start + emissions[:, 0]
-    identity = torch.arange(tags, device=device) * k + torch.arange(k, device=device).unsqueeze(1)  # (k, K)
+    trans_rep = trans.t().repeat_interleave(k, dim=1)  # (K, K k): [j, i k + r] = A[i, j]
+    identity = torch.arange(tags, device=device).unsqueeze(1) * k + torch.arange(k, device=device)  # (K, k)
     back = []
     for t in range(1, seq_len):
-        cand = (delta.unsqueeze(3) + trans.unsqueeze(1)).reshape(batch, tags * k, tags)  # (B, K k, K)
-        best, arg = cand.topk(k, dim=1)  # (B, k, K)
+        cand = delta.view(batch, 1, tags * k) + trans_rep  # (B, K, K k)
+        best, arg = cand.topk(k, dim=2)  # (B, K, k), over the innermost dimension
         running = mask[:, t].view(batch, 1, 1)
-        delta = torch.where(running, best.transpose(1, 2) + emissions[:, t].unsqueeze(2), delta)  # (B, K, k)
-        back.append(torch.where(running, arg, identity).view(batch, k * tags))  # pads keep (tag, rank)
+        delta = torch.where(running, best + emissions[:, t].unsqueeze(2), delta)  # (B, K, k)
+        back.append(torch.where(running, arg, identity).view(batch, tags * k))  # pads keep (tag, rank)
     scores, flat = (delta + end.view(1, tags, 1)).reshape(batch, tags * k).topk(k, dim=1)  # (B, k)
     tag, rank = flat // k, flat % k  # (B, k)
     paths = torch.empty(batch, k, seq_len, dtype=torch.long, device=device)
     for t in range(seq_len - 1, -1, -1):
         paths[:, :, t] = tag
         if t > 0:
-            flat = back[t - 1].gather(1, rank * tags + tag)  # (B, k): the previous (tag, rank)
+            flat = back[t - 1].gather(1, tag * k + rank)  # (B, k): the previous (tag, rank)
             tag, rank = flat // k, flat % k
     missing = scores == float("-inf")
     paths.masked_fill_(~mask.unsqueeze(1) | missing.unsqueeze(2), -1)
