@@ -51,7 +51,7 @@ __all__ = [
 
 REDUCTIONS = ("none", "sum", "mean", "token_mean")
 DISALLOWED = -10000.0  # score of a transition a tag scheme forbids: finite, so gradients stay finite
-_PRUNE_CANDIDATES = (4, 24)  # Viterbi tries the best m previous tags first, in turn, where 4 m <= K
+_PRUNE_CANDIDATES = (5, 25)  # Viterbi tries the best m previous tags first, in turn, where 4 m <= K
 
 
 class CRF(nn.Module):
@@ -396,18 +396,17 @@ def _max_plus(delta: Tensor, trans_t: Tensor, col_max: Tensor, out: tuple[Tensor
     thread team even for a few elements).
 
     With many tags, only the best m previous tags first (each m of ``_PRUNE_CANDIDATES`` up to K/4):
-    their best is exact where it is at least the (m+1)-th best delta + max_i A[i, j], a bound on
-    every other tag's score; else the next m, and at last all K.
+    their best is exact where it is at least the m-th best delta + max_i A[i, j], a bound on every
+    other tag's score; else the next m, and at last all K.
     """
     rows, tags = delta.shape
     for m in _PRUNE_CANDIDATES:
         if 4 * m <= tags:
-            top, index = delta.topk(m + 1, dim=1)  # (rows, m+1), descending
-            cand = torch.index_select(trans_t, 1, index[:, :m].reshape(-1)).view(tags, rows, m) + top[:, :m]
-            arg = cand.argmax(2)  # (K, rows) over (K, rows, m)
-            best = cand.gather(2, arg.unsqueeze(2)).squeeze(2).t()  # (rows, K)
-            if bool((best >= top[:, m:] + col_max).all()):
-                out[0].copy_(best)
+            top, index = delta.topk(m, dim=1)  # (rows, m), descending
+            cand = torch.index_select(trans_t, 1, index.view(-1)).view(tags, rows, m) + top  # (K, rows, m)
+            best, arg = cand.max(2)  # (K, rows), over the innermost dimension
+            if bool((best.t() >= top[:, -1:] + col_max).all()):
+                out[0].copy_(best.t())
                 torch.gather(index, 1, arg.t(), out=out[1])
                 return
     torch.add(delta.unsqueeze(1), trans_t, out=scratch)  # (rows, K, K): [b, j, i] = delta[b, i] + A[i, j]
