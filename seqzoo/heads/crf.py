@@ -244,7 +244,7 @@ def _by_length(mask: Tensor) -> tuple[Tensor, Tensor, Tensor, list[int]]:
     and, per time step t, how many rows are still running (a prefix of the sorted rows).
 
     Rows move with index_select, never with advanced indexing (which may wake the thread team
-    however small the tensor; so may a max with indices over a non-innermost dimension)."""
+    however small the tensor, see :func:`_max_last`)."""
     lengths = mask.sum(1)  # (B,)
     order = torch.argsort(lengths, descending=True, stable=True)
     inverse = torch.empty_like(order).scatter_(0, order, torch.arange(len(order), device=order.device))
@@ -389,11 +389,22 @@ class _Lattice:
         return grad_emissions, grad_start, pairs * self.exp_trans, grad_end
 
 
+def _max_last(x: Tensor) -> tuple[Tensor, Tensor]:
+    """The max over the innermost dimension and the first index holding it, from ``amax`` and an
+    equality test: torch.max and torch.argmax with a dimension may wake the thread team however
+    small the tensor, which stalls a loaded machine; ``amax`` and element-wise work under the grain
+    size run on one thread."""
+    size = x.shape[-1]
+    values = x.amax(-1, keepdim=True)
+    reverse = torch.arange(size, 0, -1, dtype=x.dtype, device=x.device)  # size - index
+    first = ((x == values) * reverse).amax(-1)  # size - the first index of the max
+    return values.squeeze(-1), size - first.long()
+
+
 def _max_plus(delta: Tensor, trans_t: Tensor, col_max: Tensor, out: tuple[Tensor, Tensor], scratch: Tensor) -> None:
     """max_i and argmax_i of delta[b, i] + A[i, j], written into ``out`` ((rows, K) each), from
-    ``trans_t`` = A^T (contiguous), ``col_max`` = max_i A[i, j] and a (rows, K, K) ``scratch``. Every
-    reduction runs over the innermost dimension (a max with indices over another one may wake the
-    thread team even for a few elements).
+    ``trans_t`` = A^T (contiguous), ``col_max`` = max_i A[i, j] and a (rows, K, K) ``scratch``; every
+    reduction runs over the innermost dimension (:func:`_max_last`).
 
     With many tags, only the best m previous tags first (each m of ``_PRUNE_CANDIDATES`` up to K/4):
     their best is exact where it is at least the m-th best delta + max_i A[i, j], a bound on every
@@ -404,14 +415,15 @@ def _max_plus(delta: Tensor, trans_t: Tensor, col_max: Tensor, out: tuple[Tensor
         if 4 * m <= tags:
             top, index = delta.topk(m, dim=1)  # (rows, m), descending
             cand = torch.index_select(trans_t, 1, index.view(-1)).view(tags, rows, m) + top  # (K, rows, m)
-            best, arg = cand.max(2)  # (K, rows), over the innermost dimension
+            best, arg = _max_last(cand)  # (K, rows)
             if bool((best.t() >= top[:, -1:] + col_max).all()):
                 out[0].copy_(best.t())
                 torch.gather(index, 1, arg.t(), out=out[1])
                 return
     torch.add(delta.unsqueeze(1), trans_t, out=scratch)  # (rows, K, K): [b, j, i] = delta[b, i] + A[i, j]
-    torch.argmax(scratch, 2, out=out[1])
-    torch.gather(scratch, 2, out[1].unsqueeze(2), out=out[0].unsqueeze(2))
+    best, arg = _max_last(scratch)  # (rows, K)
+    out[0].copy_(best)
+    out[1].copy_(arg)
 
 
 def viterbi(emissions: Tensor, mask: Tensor, start: Tensor, trans: Tensor, end: Tensor) -> tuple[Tensor, Tensor]:
@@ -434,7 +446,7 @@ def viterbi(emissions: Tensor, mask: Tensor, start: Tensor, trans: Tensor, end: 
             delta_r, best_r, scratch_r, views_for = delta[:rows], best[:rows], scratch[:rows], rows
         _max_plus(delta_r, trans_t, col_max, (best_r, _prefix(steps_back, t, rows, batch)), scratch_r)
         torch.add(best_r, _prefix(steps_e, t, rows, batch), out=delta_r)
-    score, last = (delta + end).max(1)  # (B,)
+    score, last = _max_last(delta + end)  # (B,)
     paths = torch.zeros(seq_len, batch, 1, dtype=torch.long, device=e.device)  # rows not yet started: tag 0
     steps_path = paths.unbind(0)
     finished = [*running[1:], 0]  # rows [finished[t], running[t]) end at t
