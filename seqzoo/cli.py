@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import json
 import logging
 import os
@@ -215,7 +216,9 @@ def _predict(args: argparse.Namespace) -> int:
     with open_text(source, sys.stdin.buffer if source == "<stdin>" else None) as lines:  # stdin read as a file is
         numbered = [(lines.line, line.removesuffix("\n")) for line in lines if line.strip()]
     try:
-        results = task.predict([text for _, text in numbered])
+        if args.task is not None and "task" not in inspect.signature(task.predict).parameters:
+            raise ConfigError(f"{run}: --task names a task of a multi-task run; this run has one task")
+        results = task.predict([text for _, text in numbered], **({} if args.task is None else {"task": args.task}))
     except DataError as err:  # the task numbers the texts; name the input's own line
         if err.line is None or err.path is not None:
             raise
@@ -425,6 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument(
         "--input", help="file with one text per line (aspect sentiment: sentence<TAB>aspect term; default: stdin)"
     )
+    predict.add_argument("--task", help="multi-task runs: the task whose labels to predict")
     predict.set_defaults(func=_predict)
     gen = sub.add_parser("sample", help="generate text from a trained language model run")
     gen.add_argument("run_dir")
