@@ -32,6 +32,7 @@ def test_depth_rows_follow_the_bias(capsys):
         assert row["adaptive_sentences_per_s"] > 0 and row["full_depth_sentences_per_s"] > 0
         ratio = row["adaptive_sentences_per_s"] / row["full_depth_sentences_per_s"]
         assert row["speedup"] == pytest.approx(ratio, rel=0.01)
+        assert row["stack_speedup"] > 0 and 0 < row["stack_share_full_depth"]
 
 
 def test_lengths_from_mr_test(tmp_path, capsys):

@@ -256,6 +256,20 @@ def test_frozen_words_cost_no_compute():
     assert len(rows) == model.num_layers
 
 
+def test_inference_scatters_in_place_with_the_same_values():
+    model = dagrn(depth_mode="hard", window=2).eval()
+    x, mask = padded_batch(4)
+    seen = capture_run(model)
+    with_grad, _ = model(x, mask)
+    with torch.no_grad():
+        without, _ = model(x, mask)
+        torch.testing.assert_close(without, with_grad, rtol=0, atol=1e-12)  # (the Bi-LSTM packs without grad)
+        x_pre, x_cell, _, state, steps = seen["args"]
+        kept = [t.clone() for t in state]
+        model.cell.run(x_pre, x_cell, mask, state, steps, **seen["kwargs"])
+    assert all(torch.equal(a, b) for a, b in zip(state, kept, strict=True))  # the caller's state is left alone
+
+
 @pytest.mark.parametrize("variant", ["official", "paper"])
 def test_gathered_path_equals_full_computation(variant):
     """Gathering the active words equals computing every word and keeping the frozen ones:

@@ -8,7 +8,9 @@ after ``--warmup``. Weights are random, so the predicted depths are driven by a 
 for each ``--depth-bias`` β the logits get ``−β·j`` added at depth index j (β > 0 favours shallow
 words), and each row reports the mean predicted depth over the real words and the speed-up
 ``adaptive sentences/s ÷ full-depth sentences/s`` (wall clock; ``cpu_time_speedup`` the same ratio of
-this process's CPU seconds, steadier on a shared machine). Inputs: with ``--data DIR`` (a classification
+this process's CPU seconds, steadier on a shared machine; ``stack_speedup`` the same ratio for the
+S-LSTM stack alone, run on the inputs the model gave it, without the Bi-LSTM and the depth
+predictor, which cost the same at any depth). Inputs: with ``--data DIR`` (a classification
 folder) the sentence lengths are those of ``DIR/mr.test`` (whitespace tokens), else random
 lengths of MR-like statistics (mean 23, clipped to 2..61); the features are random either way
 (only the lengths and depths set the cost).
@@ -94,6 +96,24 @@ def _median_times(cases: dict[str, Callable[[], None]], repeats: int, warmup: in
     return {key: statistics.median(times) for key, times in samples.items()}
 
 
+def _stack_calls(model: DAGRN, batches: list[tuple[Tensor, Tensor]]) -> list[tuple[tuple, dict]]:
+    """The arguments of the S-LSTM stack's run (:meth:`SentenceStateCell.run`) for each batch."""
+    calls, run = [], model.cell.run
+
+    def recording(*args: object, **kwargs: object) -> tuple[Tensor, ...]:
+        calls.append((args, kwargs))
+        return run(*args, **kwargs)
+
+    model.cell.run = recording
+    try:
+        with torch.no_grad():
+            for x, mask in batches:
+                model(x, mask)
+    finally:
+        del model.cell.run
+    return calls
+
+
 def depth_rows(args: argparse.Namespace) -> list[dict]:
     """One row per depth bias: mean predicted depth, adaptive and full-depth sentences/s, speed-up."""
     torch.manual_seed(0)
@@ -110,16 +130,23 @@ def depth_rows(args: argparse.Namespace) -> list[dict]:
                 for x, mask in batches:
                     model(x, mask)
 
-        times = _median_times(
-            {"adaptive": lambda: encode(False), "full": lambda: encode(True)}, args.repeats, args.warmup
-        )
-        depths, words = 0, 0
         model.bias, model.full_depth = bias, False
-        with torch.no_grad():
-            for x, mask in batches:
-                model(x, mask)
-                depths += int(model.last_depths.sum())
-                words += int(mask.sum())
+        calls = _stack_calls(model, batches)
+        depths = sum(int(kwargs["updates"].sum()) for _, kwargs in calls)
+        words = sum(int(mask.sum()) for _, mask in batches)
+
+        def stack(full_depth: bool, calls: list[tuple[tuple, dict]] = calls) -> None:
+            with torch.no_grad():
+                for call_args, kwargs in calls:
+                    model.cell.run(*call_args, **{**kwargs, "updates": None if full_depth else kwargs["updates"]})
+
+        cases = {
+            "adaptive": lambda: encode(False),
+            "full": lambda: encode(True),
+            "stack_adaptive": lambda: stack(False),
+            "stack_full": lambda: stack(True),
+        }
+        times = _median_times(cases, args.repeats, args.warmup)
         rows.append(
             {
                 "depth_bias": bias,
@@ -129,6 +156,8 @@ def depth_rows(args: argparse.Namespace) -> list[dict]:
                 "full_depth_sentences_per_s": round(len(lengths) / times["full"], 1),
                 "speedup": round(times["full"] / times["adaptive"], 3),
                 "cpu_time_speedup": round(times["full_cpu"] / times["adaptive_cpu"], 3),
+                "stack_speedup": round(times["stack_full"] / times["stack_adaptive"], 3),
+                "stack_share_full_depth": round(times["stack_full"] / times["full"], 3),
                 "batch": args.batch,
                 "sentences": len(lengths),
                 "mean_length": round(sum(lengths) / len(lengths), 2),
@@ -227,11 +256,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _table(rows: list[dict]) -> str:
     lines = [f"inputs: {rows[0]['inputs']}; batch {rows[0]['batch']}, L = {rows[0]['layers']}"]
     header = f"{'bias':>6} {'mean depth':>10} {'adaptive sent/s':>16} {'full sent/s':>12} {'speed-up':>9} {'cpu':>7}"
-    lines.append(header)
+    lines.append(header + f" {'stack':>7}")
     for r in rows:
         lines.append(
             f"{r['depth_bias']:>6g} {r['mean_depth']:>10.2f} {r['adaptive_sentences_per_s']:>16.1f} "
-            f"{r['full_depth_sentences_per_s']:>12.1f} {r['speedup']:>8.2f}x {r['cpu_time_speedup']:>6.2f}x"
+            f"{r['full_depth_sentences_per_s']:>12.1f} {r['speedup']:>8.2f}x {r['cpu_time_speedup']:>6.2f}x "
+            f"{r['stack_speedup']:>6.2f}x"
         )
     return "\n".join(lines)
 

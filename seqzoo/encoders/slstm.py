@@ -90,19 +90,35 @@ class SentenceStateCell(nn.Module):
     def extra_repr(self) -> str:
         return f"variant={self.variant!r}, window={self.window}"
 
-    def windows(self, h: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Each word's recurrent input and its neighbours' cells, for all words (B, T, ·).
+    def windows(self, h: Tensor, c: Tensor, rows: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """The recurrent input and the neighbours' cells of the words at flat positions ``rows``
+        (N,) (b·T + t), or of every position (N = B·T) when None; (N, ·) each.
 
-        ``paper``: ξ = [h_{i−w}; …; h_{i+w}] (B, T, (2w+1)H), left cell c_{i−1}, right c_{i+1}.
-        ``official``: [h_i; Σ_k h_{i−k}; Σ_k h_{i+k}] (B, T, 3H), Σ_k c_{i−k}, Σ_k c_{i+k}.
+        ``paper``: ξ = [h_{i−w}; …; h_{i+w}] (N, (2w+1)H), left cell c_{i−1}, right c_{i+1}.
+        ``official``: [h_i; Σ_k h_{i−k}; Σ_k h_{i+k}] (N, 3H), Σ_k c_{i−k}, Σ_k c_{i+k}.
+        Neighbours outside the sequence are zero; pads hold zero states.
         """
+        batch, time, hidden = h.shape
+        if rows is None:  # shifted copies of the whole batch
+
+            def near(x: Tensor, offset: int) -> Tensor:
+                return shift(x, -offset).reshape(batch * time, hidden)
+
+        else:  # only the rows' neighbours
+            position = rows % time  # (N,)
+
+            def near(x: Tensor, offset: int) -> Tensor:
+                inside = ((position + offset >= 0) & (position + offset < time)).unsqueeze(-1)  # (N, 1)
+                index = (rows + offset).clamp(0, batch * time - 1)
+                return x.reshape(batch * time, hidden).index_select(0, index) * inside
+
         offsets = range(1, self.window + 1)
         if self.variant == "paper":
-            xi = torch.cat([shift(h, k) for k in range(self.window, -self.window - 1, -1)], dim=-1)
-            return xi, shift(c, 1), shift(c, -1)
-        left_h, right_h = sum(shift(h, k) for k in offsets), sum(shift(h, -k) for k in offsets)
-        left_c, right_c = sum(shift(c, k) for k in offsets), sum(shift(c, -k) for k in offsets)
-        return torch.cat([h, left_h, right_h], dim=-1), left_c, right_c
+            xi = torch.cat([near(h, k) for k in range(-self.window, self.window + 1)], dim=-1)
+            return xi, near(c, -1), near(c, 1)
+        left_h, right_h = sum(near(h, -k) for k in offsets), sum(near(h, k) for k in offsets)
+        left_c, right_c = sum(near(c, -k) for k in offsets), sum(near(c, k) for k in offsets)
+        return torch.cat([near(h, 0), left_h, right_h], dim=-1), left_c, right_c
 
     def global_update(
         self, h: Tensor, c: Tensor, g: Tensor, c_g: Tensor, forget_pre: Tensor, mask: Tensor
@@ -173,12 +189,15 @@ class SentenceStateCell(nn.Module):
         batch, time, hidden = h.shape
         every_word = updates is None and takes_all_real_shortcut(mask)  # nothing to gather or keep
         dense = every_word or not gather
+        in_place = not dense and not torch.is_grad_enabled()  # scatter into the states (inference)
+        if in_place:
+            h, c = h.clone(), c.clone()  # the caller's tensors stay as they were
         forget_pre = self.word_forget(h)  # U_f h_i + b_f (B, T, H), refreshed only where h changes
         for step in range(num_steps):
             active = mask if updates is None else mask & (updates > step)  # (B, T)
             new_g, new_c_g = self.global_update(h, c, g, c_g, forget_pre, mask)
-            window, c_left, c_right = self.windows(h, c)
             rows = None if dense else active.flatten().nonzero().squeeze(1)  # (N,) flat indices b·T + t
+            window, c_left, c_right = self.windows(h, c, rows)  # (N, ·)
             positions = torch.arange(batch * time, device=h.device) if dense else rows
             sentence = positions // time  # (N,) batch row of each word
 
@@ -186,13 +205,16 @@ class SentenceStateCell(nn.Module):
                 flat = t.reshape(batch * time, -1)  # (B·T, ·)
                 return flat if rows is None else flat.index_select(0, rows)  # (N, ·)
 
-            pre = self.recurrent(take(window)) + take(x_pre) + self.global_input(g)[sentence]  # (N, G·H)
+            pre = self.recurrent(window) + take(x_pre) + self.global_input(g)[sentence]  # (N, G·H)
             cell_x = take(x_cell) if x_cell is not None else None
-            h_rows, c_rows = self.word_update(pre, take(c), take(c_left), take(c_right), c_g[sentence], cell_x)
+            h_rows, c_rows = self.word_update(pre, take(c), c_left, c_right, c_g[sentence], cell_x)
             forget_rows = self.word_forget(h_rows)
             if every_word:
                 h, c = h_rows.view(batch, time, hidden), c_rows.view(batch, time, hidden)
                 forget_pre = forget_rows.view(batch, time, hidden)
+            elif in_place:
+                for state, new in ((h, h_rows), (c, c_rows), (forget_pre, forget_rows)):
+                    state.view(batch * time, hidden).index_copy_(0, rows, new)
             elif not dense:
                 h = h.reshape(batch * time, hidden).index_copy(0, rows, h_rows).view(batch, time, hidden)
                 c = c.reshape(batch * time, hidden).index_copy(0, rows, c_rows).view(batch, time, hidden)
