@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import codecs
 import collections
+import errno
 import gzip
 import json
 import os
+import stat
 import tempfile
 import zlib
 from collections.abc import Iterator
@@ -36,6 +38,7 @@ __all__ = [
     "read_json",
     "read_text",
     "require_file",
+    "require_regular",
     "unset_variable_hint",
     "write_json",
 ]
@@ -134,6 +137,9 @@ def find_file(directory: PathLike, name: str) -> Path | None:
     """``directory/name`` or ``directory/name.gz``, whichever exists (None if neither; both is an error)."""
     plain = Path(directory) / name
     gz = plain.with_name(name + ".gz")
+    for path in (plain, gz):  # a directory, FIFO or device there is a mistake, not an absent split
+        if path.exists() and not path.is_file():
+            raise DataError(f"exists but is {_kind(path)}, not a regular file", path)
     if plain.is_file() and gz.is_file():
         raise DataError(f"both {plain.name} and {gz.name} exist; remove one", directory)
     return plain if plain.is_file() else gz if gz.is_file() else None
@@ -144,6 +150,26 @@ def require_file(directory: PathLike, name: str) -> Path:
     path = find_file(directory, name)
     if path is None:
         raise DataError(f"no {name} or {name}.gz{unset_variable_hint(directory)}", directory)
+    return path
+
+
+def _kind(path: Path) -> str:
+    """What ``path`` (which exists) is, in words: "a directory", "a FIFO", "a device", ..."""
+    mode = path.stat().st_mode
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a regular file"
+
+
+def require_regular(path: PathLike) -> Path:
+    """``path``, where it is a regular file (or a link to one); else a :class:`DataError` naming it, before
+    anything reads it (a device may never end, a FIFO block). A missing file: FileNotFoundError."""
+    path = Path(path)
+    if not path.is_file():
+        if not path.exists():
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(path))
+        raise DataError(f"is {_kind(path)}, not a regular file", path)
     return path
 
 
@@ -237,6 +263,8 @@ def read_json(path: PathLike) -> Any:
         return json.loads(read_text(path))
     except json.JSONDecodeError as err:
         raise DataError(f"invalid JSON: {err.msg} (column {err.colno})", path, err.lineno) from None
+    except RecursionError:
+        raise DataError("invalid JSON: nested too deeply", path) from None
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -257,7 +257,7 @@ def load_trained(config: RunConfig, best: Path, with_data: bool = True) -> Class
         splits = {name: split for name, split in _splits(fold or data).items() if split is not None}
 
     def build(checkpoint: Checkpoint) -> ClassificationTask:
-        labels = LabelSet.from_dict(checkpoint.document("labels.json"))
+        labels = checkpoint.parsed("labels.json", LabelSet.from_dict)
         return ClassificationTask(config, splits, labels=labels, **checkpoint.text_inputs(config))
 
     task = restore(best, build)

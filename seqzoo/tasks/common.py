@@ -13,11 +13,13 @@ from typing import Any, TypeVar
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from seqzoo.config import RunConfig
 from seqzoo.data.batching import bucket_batches, pad_batch
 from seqzoo.data.embeddings import load_vectors
-from seqzoo.data.io import read_json
+from seqzoo.data.errors import DataError
+from seqzoo.data.io import read_json, require_regular
 from seqzoo.data.text import Tokenizer, Vocab
 from seqzoo.encoders.base import module_mode
 from seqzoo.training.checkpoint import load_tensors, load_weights
@@ -95,29 +97,84 @@ class Checkpoint:
 
     def document(self, name: str) -> Any:
         """The JSON document ``name`` the task saved beside the model (``vocab.json``, ``labels.json``, ...)."""
-        return read_json(self.path / name)
+        return read_json(require_regular(self.path / name))
 
-    def vocab(self) -> Vocab:
-        return Vocab.from_dict(self.document("vocab.json"))
+    def parsed(self, name: str, parse: Callable[[Any], T]) -> T:
+        """The JSON object ``name`` read by ``parse`` (e.g. ``Vocab.from_dict``); one that is no object, or
+        that ``parse`` refuses, is a :class:`DataError` naming the file. The message does not quote the
+        file's content (through a link it may be another file's)."""
+        document = self.document(name)
+        try:
+            if not isinstance(document, dict):
+                raise ValueError(f"expected a JSON object, got a {type(document).__name__}")
+            return parse(document)
+        except ValueError as err:
+            raise DataError(f"not a valid {name}: {str(err).partition(':')[0]}", self.path / name) from None
+
+    def tensor(self, name: str) -> Tensor:
+        """The stored weight ``name``; a :class:`DataError` naming the file where it has none."""
+        if name not in self.weights:
+            path = self.path / "model.safetensors"
+            raise DataError(f"holds no {name!r} tensor: not a checkpoint of this model", path)
+        return self.weights[name]
+
+    def vocab(self, name: str = "vocab.json") -> Vocab:
+        return self.parsed(name, Vocab.from_dict)
 
     def text_inputs(self, config: RunConfig) -> dict[str, Any]:
         """How a classifier task read its texts, as its keyword arguments: ``vocab``, ``tokenizer``,
         ``embedding_dim`` (the stored vectors' size, not ``data.embedding_dim``) and ``chars`` (the
         character vocabulary where the model reads character features, else None)."""
-        chars = None if config.model.char_encoder == "none" else Vocab.from_dict(self.document("chars.json"))
+        chars = None if config.model.char_encoder == "none" else self.vocab("chars.json")
         return {
             "vocab": self.vocab(),
-            "tokenizer": Tokenizer.from_dict(self.document("tokenizer.json")),
-            "embedding_dim": self.weights["embedding.weight"].shape[1],
+            "tokenizer": self.parsed("tokenizer.json", Tokenizer.from_dict),
+            "embedding_dim": self.tensor("embedding.weight").shape[1],
             "chars": chars,
         }
+
+
+class _StayOnMeta(TorchFunctionMode):
+    """Inside ``torch.device("meta")``: a meta tensor moved to a device stays on meta (a task's
+    ``model.to(device)``), so that a model is built without memory to read its shapes."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is Tensor.to and isinstance(args[0], Tensor) and args[0].is_meta:
+            return args[0]
+        return func(*args, **(kwargs or {}))
+
+
+def _refuse_misfit(best: Path, model: nn.Module, weights: dict[str, Tensor]) -> None:
+    """A :class:`DataError` naming ``best/config.json`` where the model it describes (built on the meta
+    device: no memory) has other tensor names or shapes than the checkpoint's weights."""
+    shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    stored = {name: tuple(t.shape) for name, t in weights.items()}
+    if shapes == stored:
+        return
+    names = sorted(shapes.keys() ^ stored.keys())
+    misfits = [
+        f"{n}: {shapes[n]} in the config, {stored[n]} stored"
+        for n in sorted(shapes)
+        if stored.get(n, shapes[n]) != shapes[n]
+    ]
+    problems = misfits + [f"{n} {'missing from' if n in shapes else 'not in'} model.safetensors" for n in names]
+    raise DataError(
+        f"describes a model whose weights do not fit model.safetensors ({'; '.join(problems[:3])}): "
+        "was the config edited?",
+        best / "config.json",
+    )
 
 
 def restore(best: Path, build: Callable[[Checkpoint], T]) -> T:
     """The one way a recipe's ``load_trained`` rebuilds a trained task: ``build`` makes the task from the
     checkpoint's documents (all a recipe supplies: which documents, and how its task is made of
-    them), then the checkpoint's weights are loaded into its ``model``."""
+    them), then the checkpoint's weights are loaded into its ``model``. The model is first built on
+    the meta device and its shapes compared with the stored weights', so that a config edited to
+    describe a much larger model is refused before anything of its size is allocated."""
     checkpoint = Checkpoint(best)
+    with torch.device("meta"), _StayOnMeta():
+        blueprint = build(checkpoint)
+    _refuse_misfit(best, blueprint.model, checkpoint.weights)  # type: ignore[attr-defined]
     task = build(checkpoint)
     load_weights(task.model, best / "model.safetensors", checkpoint.weights)  # type: ignore[attr-defined]
     return task

@@ -23,6 +23,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from seqzoo.data.errors import DataError
+from seqzoo.data.io import require_regular
 
 __all__ = [
     "join_tensors",
@@ -87,16 +88,23 @@ def save_checkpoint_dir(
     tmp = directory.with_name(directory.name + ".tmp")
     old = directory.with_name(directory.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for stem, flat in tensors.items():
-        save_file(flat, str(tmp / f"{stem}.safetensors"))
-    for name, content in documents.items():
-        text = content if isinstance(content, str) else json.dumps(content, indent=2, sort_keys=True)
-        (tmp / name).write_text(text, encoding="utf-8")
-    for child in tmp.iterdir():
-        with open(child, "rb") as handle:
-            os.fsync(handle.fileno())
-    _fsync_dir(tmp)
+    try:
+        tmp.mkdir(parents=True)
+        for stem, flat in tensors.items():
+            save_file(flat, str(tmp / f"{stem}.safetensors"))
+        for name, content in documents.items():
+            text = content if isinstance(content, str) else json.dumps(content, indent=2, sort_keys=True)
+            (tmp / name).write_text(text, encoding="utf-8")
+        for child in tmp.iterdir():
+            with open(child, "rb") as handle:
+                os.fsync(handle.fileno())
+        _fsync_dir(tmp)
+    except OSError as err:  # a full disk, a quota: the half-written copy goes, the complete one stays
+        shutil.rmtree(tmp, ignore_errors=True)
+        code = err.errno if err.errno is not None else next(iter(err.args), None)
+        reason = err.strerror or (os.strerror(code) if isinstance(code, int) else str(err))
+        kept = "the previous checkpoint is kept" if directory.exists() else "no earlier checkpoint exists"
+        raise OSError(code, f"{directory}: cannot write the checkpoint ({reason}); {kept}") from None
     if directory.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.replace(directory, old)
@@ -122,7 +130,7 @@ def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
     """Load a safetensors file (no code is ever unpickled); a corrupt or truncated one is a
     :class:`DataError` naming the file (a missing one the usual :class:`FileNotFoundError`)."""
     try:
-        return load_file(str(path))
+        return load_file(str(require_regular(path)))  # never a device or FIFO, which may not end
     except SafetensorError as err:
         raise DataError(f"corrupt or truncated safetensors file ({err})", path) from None
 

@@ -1,0 +1,176 @@
+"""Hostile input ends in one line, not a traceback, an endless read or an allocation of its making:
+long lines, edited checkpoints, odd files where data or checkpoints should be, a full disk."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from seqzoo.cli import main
+from tests.conftest import write_sentiment_corpus
+
+TINY_MODEL = {"encoder": "lstm", "encoder_args": {"hidden_size": 8}, "pooler": "mean", "dropout": 0.0}
+TINY_TRAIN = {"epochs": 1, "batch_size": 16, "eval_batch_size": 32, "device": "cpu", "progress": False, "threads": 1}
+
+
+def write_config(path: Path, data_dir: Path, **sections: dict) -> Path:
+    values = {
+        "task": "classification",
+        "name": "tiny",
+        "output_dir": str(path.parent / "runs"),
+        "data": {"name": "toy", "data_dir": str(data_dir), "embedding_dim": 8},
+        "model": TINY_MODEL,
+        "train": TINY_TRAIN,
+    }
+    for key, value in sections.items():
+        values[key] = {**values[key], **value} if isinstance(values.get(key), dict) else value
+    path.write_text(json.dumps(values), encoding="utf-8")  # JSON is YAML
+    return path
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str], *expected: str) -> str:
+    """Run ``seqzoo ARGV``: it must fail with exit status 2 and one ``seqzoo: error:`` line holding ``expected``."""
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) >= 1 and err[-1].startswith("seqzoo: error:"), err
+    assert "Traceback" not in "\n".join(err)
+    for text in expected:
+        assert text in err[-1], err[-1]
+    return err[-1]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny trained classification run (its sub-run, holding best/)."""
+    root = tmp_path_factory.mktemp("trained")
+    data = write_sentiment_corpus(root / "data", sizes=(40, 12, 12))
+    config = write_config(root / "tiny.yaml", data)
+    torch.set_num_threads(1)
+    assert main(["train", str(config), "--run-dir", str(root / "run")]) == 0
+    return root / "run"
+
+
+@pytest.fixture
+def run_copy(trained: Path, tmp_path: Path) -> Path:
+    """A copy of the trained run that a test may damage."""
+    copy = tmp_path / "run"
+    subprocess.run(["cp", "-r", str(trained), str(copy)], check=True)
+    return copy
+
+
+MEMORY_LIMIT = 4 << 30  # address space: the edited configs and the long line each ask for far more
+
+
+def run_limited(argv: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``seqzoo ARGV`` in a subprocess whose address space is capped at :data:`MEMORY_LIMIT`."""
+    script = textwrap.dedent(
+        f"""
+        import resource, sys
+        resource.setrlimit(resource.RLIMIT_AS, ({MEMORY_LIMIT}, {MEMORY_LIMIT}))
+        from seqzoo.cli import main
+        sys.exit(main(sys.argv[1:]))
+        """
+    )
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-c", script, *argv], capture_output=True, text=True, env=env, cwd=cwd, timeout=120
+    )
+
+
+def edit_json(path: Path, edit) -> None:
+    path.write_text(json.dumps(edit(json.loads(path.read_text()))), encoding="utf-8")
+
+
+# A checkpoint's config is checked against its weights before its model is allocated.
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda c: {**c, "model": {**c["model"], "encoder_args": {"hidden_size": 20000}}},
+        lambda c: {**c, "model": {**c["model"], "mlp_hidden": [200000, 200000]}},
+    ],
+    ids=["hidden_size", "mlp_hidden"],
+)
+def test_edited_config_refused_before_allocation(run_copy, edit):
+    edit_json(run_copy / "best" / "config.json", edit)
+    result = run_limited(["predict", str(run_copy), "--input", os.devnull])
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("seqzoo: error:")
+    assert "config.json" in result.stderr and "do not fit" in result.stderr
+
+
+# Malformed best/ files: one line naming the file.
+
+
+def _without_embedding(best: Path) -> None:
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(best / "model.safetensors"))
+    del tensors["embedding.weight"]
+    save_file(tensors, str(best / "model.safetensors"))
+
+
+def _link(best: Path, name: str, target: str) -> None:
+    (best / name).unlink()
+    (best / name).symlink_to(target)
+
+
+SECRET = "do-not-echo-this-secret"
+DAMAGES = {
+    "config-list": ("config.json", lambda b: (b / "config.json").write_text("[1, 2]")),
+    "config-deep": ("config.json", lambda b: (b / "config.json").write_text("[" * 100_000 + "]" * 100_000)),
+    "labels-ints": ("labels.json", lambda b: (b / "labels.json").write_text('{"labels": [0, 1]}')),
+    "vocab-not-list": ("vocab.json", lambda b: edit_json(b / "vocab.json", lambda v: {**v, "tokens": "abc"})),
+    "vocab-list": ("vocab.json", lambda b: (b / "vocab.json").write_text('["<pad>", "<unk>"]')),
+    "vocab-duplicates": (
+        "vocab.json",
+        lambda b: edit_json(b / "vocab.json", lambda v: {**v, "tokens": [*v["tokens"][:-1], v["tokens"][2]]}),
+    ),
+    "no-embedding": ("model.safetensors", _without_embedding),
+    "weights-device": ("model.safetensors", lambda b: _link(b, "model.safetensors", "/dev/zero")),
+    "vocab-device": ("vocab.json", lambda b: _link(b, "vocab.json", "/dev/zero")),
+    "tokenizer-link": ("tokenizer.json", lambda b: _link(b, "tokenizer.json", str(b.parent / "secret.json"))),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES, ids=list(DAMAGES))
+def test_malformed_checkpoint_files(run_copy, capsys, damage):
+    name, apply = DAMAGES[damage]
+    (run_copy / "secret.json").write_text(json.dumps({"kind": SECRET, "token": SECRET}))
+    apply(run_copy / "best")
+    line = one_line_error(capsys, ["predict", str(run_copy), "--input", os.devnull], name)
+    assert SECRET not in line
+
+
+def test_full_disk_during_a_checkpoint(tmp_path, capsys, monkeypatch):
+    import seqzoo.training.checkpoint as checkpoint
+
+    data = write_sentiment_corpus(tmp_path / "data", sizes=(40, 12, 12))
+    config = write_config(tmp_path / "tiny.yaml", data, train={"epochs": 2})
+    real_save, calls = checkpoint.save_file, []
+
+    def save_until_full(tensors, path):  # the first epoch's checkpoints fit on the disk, the second's do not
+        calls.append(path)
+        if Path(path).parent.name == "last.tmp" and sum(Path(p).parent.name == "last.tmp" for p in calls) > 4:
+            raise OSError(errno.ENOSPC)
+        real_save(tensors, path)
+
+    monkeypatch.setattr(checkpoint, "save_file", save_until_full)
+    line = one_line_error(capsys, ["train", str(config), "--run-dir", str(tmp_path / "run")], "No space left")
+    assert "last" in line
+    assert not list((tmp_path / "run").glob("*.tmp"))
+    state = json.loads((tmp_path / "run" / "last" / "train_state.json").read_text())
+    assert state["loop"]["epoch"] == 1  # the first epoch's checkpoint, complete
