@@ -134,10 +134,10 @@ class SentenceStateCell(nn.Module):
         on_mean, out_mean = self.mean_gates(mean).chunk(2, dim=-1)  # U_g h̄ + b_g, U_o h̄ + b_o
         gate_g = torch.sigmoid(on_g + on_mean)  # f̂_g (B, H)
         gate_o = torch.sigmoid(out_g + out_mean)  # o (B, H)
-        gate_words = torch.sigmoid(forget_g.unsqueeze(1) + forget_pre)  # f̂_i (B, T, H)
-        gate_words = gate_words.masked_fill(~mask.unsqueeze(-1), float("-inf"))
-        weights = torch.softmax(torch.cat([gate_words, gate_g.unsqueeze(1)], dim=1), dim=1)  # (B, T+1, H)
-        c_g = (weights[:, :-1] * c).sum(1) + weights[:, -1] * c_g  # (B, H)
+        # softmax over (f̂_1..f̂_n, f̂_g) per dimension; the gates lie in (0, 1), so exp needs no shift
+        exp_words = torch.sigmoid(forget_g.unsqueeze(1) + forget_pre).exp() * mask.unsqueeze(-1)  # (B, T, H), 0 at pads
+        exp_g = gate_g.exp()  # (B, H)
+        c_g = ((exp_words * c).sum(1) + exp_g * c_g) / (exp_words.sum(1) + exp_g)  # (B, H)
         return gate_o * torch.tanh(c_g), c_g
 
     def word_update(
