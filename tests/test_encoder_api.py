@@ -19,9 +19,14 @@ def _flat(state: object) -> list[torch.Tensor]:
     return [t for part in state for t in _flat(part)]
 
 
+#: Arguments of encoders whose sizes are tied (DA-GRN: input_size + depth_size = hidden_size); others get hidden_size 8.
+SMALL = {"dagrn": {"hidden_size": 8, "depth_size": 3}}
+
+
 def _small(name: str, bidirectional: bool) -> Encoder:
-    try:
-        return build_encoder(name, 5, hidden_size=8, bidirectional=bidirectional).eval()
+    kwargs = {**SMALL.get(name, {"hidden_size": 8}), **({"bidirectional": True} if bidirectional else {})}
+    try:  # bidirectional named only when asked for: some encoders have no such argument
+        return build_encoder(name, 5, **kwargs).eval()
     except ValueError as err:
         if bidirectional and "bidirectional" in str(err):
             pytest.skip(f"{name} has no bidirectional form: {err}")
