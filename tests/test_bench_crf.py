@@ -30,6 +30,7 @@ def test_json_rows_cover_every_shape_and_length_variant(capsys):
         for kind in ("llh", "viterbi"):
             ours, peer = r[f"seqzoo_{kind}_tokens_per_s"], r[f"pytorch_crf_{kind}_tokens_per_s"]
             assert ours > 0 and peer > 0
+            assert r[f"seqzoo_{kind}_best_tokens_per_s"] >= ours and r[f"pytorch_crf_{kind}_best_tokens_per_s"] >= peer
             assert r[f"{kind}_speedup"] == pytest.approx(ours / peer, abs=0.006)
 
 

@@ -7,7 +7,8 @@ same random float32 emissions and tags, and are timed on the log-likelihood forw
 (pytorch-crf returns lists, seqzoo a padded tensor). Each shape runs twice: ``full``, every row of
 length T, and ``padded``, row lengths drawn uniformly from [T/2, T] with one row of length T.
 Throughput counts real tokens. Measurements are interleaved round-robin, so load from other
-processes hits both alike; each figure is the median over ``--repeats`` after warm-up.
+processes hits both alike; each figure is the median over ``--repeats`` after warm-up (the JSON
+rows also carry the fastest run, ``*_best_tokens_per_s``, the steadier figure on a loaded machine).
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ def measure(shape: tuple[int, int, int], variant: str, repeats: int, warmup: int
     for name in models:
         for kind in ("llh", "viterbi"):
             row[f"{name}_{kind}_tokens_per_s"] = round(tokens / statistics.median(samples[name, kind]), 1)
+            row[f"{name}_{kind}_best_tokens_per_s"] = round(tokens / min(samples[name, kind]), 1)
     for kind in ("llh", "viterbi"):
         peer_rate = row.get(f"pytorch_crf_{kind}_tokens_per_s")
         row[f"{kind}_speedup"] = round(row[f"seqzoo_{kind}_tokens_per_s"] / peer_rate, 2) if peer_rate else None
