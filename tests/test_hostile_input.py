@@ -174,3 +174,17 @@ def test_full_disk_during_a_checkpoint(tmp_path, capsys, monkeypatch):
     assert not list((tmp_path / "run").glob("*.tmp"))
     state = json.loads((tmp_path / "run" / "last" / "train_state.json").read_text())
     assert state["loop"]["epoch"] == 1  # the first epoch's checkpoint, complete
+
+
+# Memory stays bounded whatever the data: a line of a million tokens is cut, with a warning.
+
+
+def test_a_million_token_line_is_cut_under_a_memory_limit(tmp_path):
+    data = write_sentiment_corpus(tmp_path / "data", sizes=(40, 12, 12))
+    with open(data / "toy.train", "a", encoding="utf-8") as handle:
+        handle.write("pos\t" + "good " * 1_000_000 + "\n")  # 5 MB on one line
+    config = write_config(tmp_path / "tiny.yaml", data)
+    result = run_limited(["train", str(config), "--run-dir", str(tmp_path / "run")])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "train: 1 text longer than data.max_len=1000 tokens cut to that length" in result.stderr
+    assert "(the longest: 1000000 tokens" in result.stderr and "toy.train:41" in result.stderr

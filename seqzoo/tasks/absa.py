@@ -39,7 +39,7 @@ from seqzoo.data.text import Tokenizer, Vocab
 from seqzoo.embedders import CHAR_KEYS, TokenEmbedder
 from seqzoo.encoders.base import build_encoder
 from seqzoo.heads.poolers import build_pooler
-from seqzoo.tasks.common import ClassifierTask, pretrained_vectors, restore
+from seqzoo.tasks.common import DEFAULT_MAX_LEN, ClassifierTask, capped, pretrained_vectors, restore
 from seqzoo.training.devices import resolve_device
 from seqzoo.training.registry import register_task
 
@@ -72,9 +72,10 @@ class ABSADataConfig:
     embeddings: str | None = None  # GloVe-format text vectors (.txt or .gz)
     embedding_dim: int = 300
     freeze_embeddings: bool = False
+    max_len: int | None = DEFAULT_MAX_LEN  # longer sentences are cut to their first max_len tokens (None: no cap)
 
     def __post_init__(self) -> None:
-        require_ranges(self, positive=("dev_fraction", "min_freq", "embedding_dim"), rate=("dev_fraction",))
+        require_ranges(self, positive=("dev_fraction", "min_freq", "embedding_dim", "max_len"), rate=("dev_fraction",))
 
 
 @dataclass
@@ -221,7 +222,7 @@ class ABSATask(ClassifierTask):
         if model.char_encoder != "none":
             self.chars = chars or build_char_vocab(self.tokenizer(e.text) for e in splits["train"])
         # Encoded once: batches only pad (the data never changes between epochs).
-        self.encoded = {name: self._encode(examples) for name, examples in splits.items()}
+        self.encoded = {name: self._encode(examples, name) for name, examples in splits.items()}
         dim, vectors = pretrained_vectors(data.embeddings, self.vocab, data.embedding_dim, embedding_dim)
         with names_config_errors("model"):
             self.model = AspectSentimentClassifier(
@@ -245,24 +246,33 @@ class ABSATask(ClassifierTask):
         if text.count("\t") != 1 or not (sentence.strip() and aspect.strip()):
             raise DataError(f"expected 'sentence<TAB>aspect term', got {text!r}", line=line)
         unk = [self.vocab.token_to_id(Vocab.UNK)]
-        ids = (
-            self.vocab.encode(self.tokenizer(sentence)) or unk,
-            self.vocab.encode(self.tokenizer(aspect.strip())) or unk,
+        tokens = self.tokenizer(sentence)[: self.config.data.max_len]
+        ids = (self.vocab.encode(tokens) or unk, self.vocab.encode(self.tokenizer(aspect.strip())) or unk)
+        return self._with_chars(ids, tokens), {"aspect": aspect.strip()}
+
+    def _encode(self, examples: list[AspectExample], split: str) -> list[tuple[tuple[Any, ...], int]]:
+        """Each example's (sentence ids, aspect ids[, sentence char ids]) and polarity index; sentences
+        longer than ``data.max_len`` tokens cut to that length (:func:`~seqzoo.tasks.common.capped`)."""
+        sentences = capped(
+            [self.tokenizer(e.text) for e in examples],
+            self.config.data.max_len,
+            split,
+            lambda i: f"sentence {examples[i].sentence_id}",
         )
-        return self._with_chars(ids, sentence), {"aspect": aspect.strip()}
+        return [
+            (
+                self._with_chars((self.vocab.encode(tokens), self.vocab.encode(self.tokenizer(e.aspect))), tokens),
+                POLARITIES.index(e.polarity),
+            )
+            for tokens, e in zip(sentences, examples, strict=True)
+        ]
 
-    def _encode(self, examples: list[AspectExample]) -> list[tuple[tuple[Any, ...], int]]:
-        """Each example's (sentence ids, aspect ids[, sentence char ids]) and polarity index."""
-        encoded = encode_examples(examples, self.vocab, self.tokenizer)
-        pairs = zip(encoded, examples, strict=True)
-        return [(self._with_chars((ids, aspect), example.text), y) for (ids, aspect, y), example in pairs]
-
-    def _with_chars(self, sequences: tuple[Any, ...], sentence: str) -> tuple[Any, ...]:
-        """``sequences``, then the char ids of the sentence's tokens when the model reads character
+    def _with_chars(self, sequences: tuple[Any, ...], tokens: list[str]) -> tuple[Any, ...]:
+        """``sequences``, then the char ids of the sentence's ``tokens`` when the model reads character
         features (a sentence without tokens, whose ids are one ``<unk>``, is one word without characters)."""
         if self.chars is None:
             return sequences
-        return (*sequences, encode_chars(self.tokenizer(sentence), self.chars) or [[]])
+        return (*sequences, encode_chars(tokens, self.chars) or [[]])
 
     def _inputs(self, sequences: Sequence[tuple[Any, ...]]) -> list[Tensor]:
         """The ids and masks of :meth:`ClassifierTask._inputs`, then the sentence's char ids (B, T, C)

@@ -7,7 +7,7 @@ turns the run into k-fold cross-validation (``data.folds``), one sub-run per fol
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,14 @@ from seqzoo.data.text import Tokenizer, Vocab
 from seqzoo.embedders import CHAR_KEYS, TokenEmbedder
 from seqzoo.encoders.base import build_encoder
 from seqzoo.heads.poolers import build_pooler
-from seqzoo.tasks.common import Checkpoint, ClassifierTask, pretrained_vectors, restore
+from seqzoo.tasks.common import (
+    DEFAULT_MAX_LEN,
+    Checkpoint,
+    ClassifierTask,
+    capped,
+    pretrained_vectors,
+    restore,
+)
 from seqzoo.training.devices import resolve_device
 from seqzoo.training.registry import register_task
 
@@ -53,7 +60,9 @@ class ClassificationDataConfig:
     split_hyphens: bool = False  # well-acted -> well - acted (better pretrained-vector coverage)
     min_freq: int = 1
     max_vocab: int | None = None
-    max_len: int | None = None  # truncate longer texts to their first max_len tokens, in every split
+    # Longer texts are cut to their first max_len tokens, in every split and in predict, with a warning that
+    # counts them (None: no cap, and a batch as long as its longest text).
+    max_len: int | None = DEFAULT_MAX_LEN
     embeddings: str | None = None  # GloVe-format text vectors (.txt or .gz)
     embedding_dim: int = 50
     freeze_embeddings: bool = False
@@ -145,7 +154,10 @@ class ClassificationTask(ClassifierTask):
         self.config = config
         data: ClassificationDataConfig = config.data
         self.tokenizer = tokenizer or Tokenizer(lowercase=data.lowercase, split_hyphens=data.split_hyphens)
-        tokens = {name: [self._tokens(ex.text) for ex in split] for name, split in splits.items()}
+        tokens = {
+            name: capped([self.tokenizer(ex.text) for ex in split], data.max_len, name, _where(split))
+            for name, split in splits.items()
+        }
         self.vocab = vocab or self._build_vocab(tokens["train"])
         self.labels = labels or LabelSet(ex.label for ex in splits["train"])
         self.label_names = list(self.labels)
@@ -205,6 +217,11 @@ class ClassificationTask(ClassifierTask):
             "tokenizer.json": self.tokenizer.to_dict(),
             **chars,
         }
+
+
+def _where(examples: list[LabeledText]) -> Callable[[int], str]:
+    """Where example ``i`` of ``examples`` was read: its file and line."""
+    return lambda i: f"{examples[i].path}:{examples[i].line}"
 
 
 def build_tasks(config: RunConfig) -> list[tuple[str, ClassificationTask]]:

@@ -26,10 +26,12 @@ from seqzoo.training.checkpoint import load_tensors, load_weights
 from seqzoo.training.task import StepLoss
 
 __all__ = [
+    "DEFAULT_MAX_LEN",
     "Checkpoint",
     "ClassifierTask",
     "Encoded",
     "accuracy_and_loss",
+    "capped",
     "class_probabilities",
     "epoch_seed",
     "pretrained_vectors",
@@ -44,6 +46,26 @@ log = logging.getLogger("seqzoo")
 def epoch_seed(seed: int, epoch: int) -> int:
     """Seed of an epoch's batch order: a pure function of (run seed, epoch), so resumes replay it."""
     return seed * 1_000_003 + epoch
+
+
+#: The default ``data.max_len`` of the classification-style recipes: a text of more tokens is cut to its
+#: first ones (with a warning), so that one long line cannot make a batch of that length.
+DEFAULT_MAX_LEN = 1000
+
+
+def capped(token_lists: list[list[str]], limit: int | None, split: str, where: Callable[[int], str]) -> list[list[str]]:
+    """``token_lists`` cut to their first ``limit`` tokens (None: no cap), with one warning for ``split``
+    that counts the texts cut and names the longest (``where(i)``: e.g. the file and line of text ``i``)."""
+    if limit is None:
+        return token_lists
+    cut = [i for i, tokens in enumerate(token_lists) if len(tokens) > limit]
+    if cut:
+        longest = max(cut, key=lambda i: len(token_lists[i]))
+        log.warning(
+            "%s: %d text%s longer than data.max_len=%d tokens cut to that length (the longest: %d tokens, %s)",
+            split, len(cut), "s" if len(cut) > 1 else "", limit, len(token_lists[longest]), where(longest),
+        )  # fmt: skip
+    return [tokens[:limit] for tokens in token_lists]
 
 
 def pretrained_vectors(
