@@ -188,3 +188,39 @@ def test_a_million_token_line_is_cut_under_a_memory_limit(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "train: 1 text longer than data.max_len=1000 tokens cut to that length" in result.stderr
     assert "(the longest: 1000000 tokens" in result.stderr and "toy.train:41" in result.stderr
+
+
+# Decoding is bounded.
+
+
+def test_predict_refuses_a_source_beyond_max_source_chars(tmp_path, capsys):
+    words = "haus katze hund baum auto".split()
+    for split in ("train", "dev", "test"):
+        rows = [" ".join(words[i % 5 : i % 5 + 2]) for i in range(12)]
+        (tmp_path / f"{split}.de").write_text("\n".join(rows) + "\n", encoding="utf-8")
+        (tmp_path / f"{split}.en").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    config = tmp_path / "t.yaml"
+    data = {"data_dir": str(tmp_path), "embedding_dim": 8, "beam_size": 1}
+    model = {"encoder": "lstm", "encoder_args": {"hidden_size": 8}, "dropout": 0.0}
+    values = {"task": "translation", "data": data, "model": model, "train": {**TINY_TRAIN, "batch_size": 6}}
+    config.write_text(json.dumps(values), encoding="utf-8")
+    assert main(["train", str(config), "--run-dir", str(tmp_path / "run")]) == 0
+    source = tmp_path / "input.txt"
+    source.write_text("haus\n\n" + "katze " * 100_000 + "\n", encoding="utf-8")  # 600k characters on line 3
+    line = one_line_error(capsys, ["predict", str(tmp_path / "run"), "--input", str(source)], "input.txt:3")
+    assert "600000 characters, more than data.max_source_chars=1000" in line
+    (tmp_path / "dev.de").write_text("haus\n" * 11 + "x" * 1001 + "\n", encoding="utf-8")
+    line = one_line_error(capsys, ["evaluate", str(tmp_path / "run"), "--split", "test"], "dev.de:12")
+    assert "more than data.max_source_chars=1000" in line
+
+
+def test_beam_search_output_is_capped():
+    from seqzoo.heads.seq2seq import beam_search, build_seq2seq
+
+    torch.manual_seed(0)
+    model = build_seq2seq("lstm", vocab_size=9, embedding_dim=4, hidden_size=4, dropout=0.0, pad_id=0)
+    src = torch.randint(4, 9, (2, 30))
+    outputs = beam_search(model, src, torch.ones_like(src, dtype=torch.bool), 2, 3, beam_size=2, banned=[3])
+    assert [len(o) for o in outputs] == [70, 70]  # <eos> banned: each runs to twice its source + 10
+    capped = beam_search(model, src, torch.ones_like(src, dtype=torch.bool), 2, 3, 2, banned=[3], max_output=7)
+    assert [len(o) for o in capped] == [7, 7]

@@ -2,7 +2,8 @@
 
 Data: ``{data_dir}/{train,dev,test}.{source,target}[.gz]`` (:mod:`seqzoo.data.translation`),
 read as characters with one vocabulary for both sides. Training pairs with a side longer than
-``data.max_chars`` are dropped (the paper: 300); dev and test are kept whole.
+``data.max_chars`` are dropped (the paper: 300); dev and test are kept whole, but a line longer than
+the bounds of decoding (``data.max_source_chars``, ``data.max_output_chars``) is an error.
 
 Model: ``model.encoder`` is ``"qrnn"`` (:class:`~seqzoo.heads.seq2seq.QRNNSeq2Seq`: ``encoder_args``
 ``hidden_size``, ``num_layers``, ``encoder_window``, ``decoder_window``, ``enc_state``) or ``"lstm"``
@@ -61,18 +62,27 @@ class TranslationDataConfig:
     embedding_dim: int = 320
     beam_size: int = 8  # dev / test decoding (MODELS.md 1.8)
     length_alpha: float = 0.6  # α of the beam ranking criterion
+    # Decoding is bounded: a dev, test or `seqzoo predict` source longer than max_source_chars (a dev or
+    # test target longer than max_output_chars) is an error naming its line; no output is longer than
+    # max_output_chars (nor than twice its source + 10).
+    max_source_chars: int = 1000
+    max_output_chars: int = 1000
 
     def __post_init__(self) -> None:
-        require_ranges(
-            self, positive=("max_chars", "min_freq", "embedding_dim", "beam_size"), non_negative=("length_alpha",)
-        )
+        sizes = ("max_chars", "min_freq", "embedding_dim", "beam_size", "max_source_chars", "max_output_chars")
+        require_ranges(self, positive=sizes, non_negative=("length_alpha",))
 
 
 def read_splits(cfg: TranslationDataConfig) -> dict[str, list[tuple[str, str]]]:
     """The sentence pairs of every split; training pairs longer than ``cfg.max_chars`` dropped."""
     if not cfg.data_dir:
         raise DataError("data.data_dir is not set: translation needs {train,dev,test}.{source,target}")
-    pairs = {split: read_parallel(*find_parallel(cfg.data_dir, split, cfg.source, cfg.target)) for split in SPLITS}
+    pairs = {}
+    for split in SPLITS:
+        paths = find_parallel(cfg.data_dir, split, cfg.source, cfg.target)
+        pairs[split] = read_parallel(*paths)
+        if split != "train":  # decoded in every evaluation
+            _refuse_long_lines(pairs[split], paths, cfg)
     if cfg.max_chars:
         kept = [p for p in pairs["train"] if max(map(len, p)) <= cfg.max_chars]
         log.info(
@@ -85,6 +95,16 @@ def read_splits(cfg: TranslationDataConfig) -> dict[str, list[tuple[str, str]]]:
         if not kept:
             raise DataError(f"no training pair has both sides within data.max_chars={cfg.max_chars} characters")
     return pairs
+
+
+def _refuse_long_lines(pairs: list[tuple[str, str]], paths: tuple[Path, Path], cfg: TranslationDataConfig) -> None:
+    """A :class:`DataError` at the first source longer than ``data.max_source_chars`` or target longer than
+    ``data.max_output_chars`` (the limits of decoding)."""
+    limits = (("max_source_chars", cfg.max_source_chars), ("max_output_chars", cfg.max_output_chars))
+    for line, pair in enumerate(pairs, 1):
+        for text, path, (key, limit) in zip(pair, paths, limits, strict=True):
+            if len(text) > limit:
+                raise DataError(f"a line of {len(text)} characters, more than data.{key}={limit}", path, line)
 
 
 def corpus_scores(hypotheses: list[str], references: list[str]) -> tuple[dict[str, float], dict[str, str]]:
@@ -172,8 +192,13 @@ class TranslationTask:
         return {"loss": nll / targets, **scores}
 
     def translate(self, texts: list[str], beam_size: int | None = None, alpha: float | None = None) -> list[str]:
-        """Beam-search translations of raw source sentences, in input order."""
+        """Beam-search translations of raw source sentences, in input order; a source longer than
+        ``data.max_source_chars`` is a :class:`DataError` with its (1-based) position as ``line``."""
         data: TranslationDataConfig = self.config.data
+        for line, text in enumerate(texts, 1):
+            if len(text) > data.max_source_chars:
+                message = f"a source of {len(text)} characters, more than data.max_source_chars={data.max_source_chars}"
+                raise DataError(message, line=line)
         ids = [self.vocab.encode(text) for text in texts]
         out: list[str] = [""] * len(texts)
         for indices in bucket_batches([len(s) for s in ids], self.config.train.eval_batch_size, shuffle=False):
@@ -187,6 +212,7 @@ class TranslationTask:
                 beam_size or data.beam_size,
                 data.length_alpha if alpha is None else alpha,
                 banned=[self.vocab.unk_id],  # it would print as the five characters "<unk>"
+                max_output=data.max_output_chars,
             )
             for i, hypothesis in zip(indices, best, strict=True):
                 out[i] = "".join(self.vocab.decode(hypothesis))
