@@ -27,6 +27,8 @@ def test_config_loads_and_builds(path):
     model, embedding_dim = config.model, config.data.embedding_dim
     if getattr(config.data, "embeddings", None):
         embedding_dim = 50  # the configs' vectors are GloVe 50d
+    if getattr(model, "char_encoder", "none") != "none":
+        embedding_dim += model.char_hidden_size  # char features are concatenated to each word vector
     if config.task == "translation":
         built = build_seq2seq(model.encoder, 40, embedding_dim, **model.encoder_args)
     else:
