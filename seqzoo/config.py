@@ -78,6 +78,10 @@ class ModelConfig:
     char_embedding_dim: int = 25
     char_hidden_size: int = 50
     char_kernel_size: int = 3
+    # Sequence tagging: a CRF or a per-token softmax over the tags; the tag scheme's allowed transitions
+    # (IOB1/IOB2/IOBES) enforced in training (CRF) and decoding.
+    decoder: Literal["crf", "softmax"] = "crf"
+    constraints: bool = True
 
     def __post_init__(self) -> None:
         sizes = ("mlp_hidden", "embedding_init", "char_embedding_dim", "char_hidden_size", "char_kernel_size")

@@ -2,6 +2,6 @@
 registers itself by name (:func:`seqzoo.training.registry.register_task`); importing this package
 registers the built-in ones."""
 
-from seqzoo.tasks import absa, classification, lm, multitask, translation
+from seqzoo.tasks import absa, classification, lm, multitask, tagging, translation
 
-__all__ = ["absa", "classification", "lm", "multitask", "translation"]
+__all__ = ["absa", "classification", "lm", "multitask", "tagging", "translation"]
