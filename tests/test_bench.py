@@ -126,8 +126,8 @@ def test_bench_unknown_name_is_a_clear_error(capsys, name):
     ("args", "message"),
     [
         (["encoders", "--encoders", "lstm,nope"], "unknown encoder(s) nope"),
-        (["encoders", "--shapes", "2x8"], "shapes are BxTxH of sizes >= 1"),
-        (["encoders", "--shapes", "2x0x8"], "shapes are BxTxH of sizes >= 1"),
+        (["encoders", "--shapes", "2x8"], "expected BxTxN of sizes >= 1"),
+        (["encoders", "--shapes", "2x0x8"], "expected BxTxN of sizes >= 1"),
         (["encoders", "--repeats", "0"], "expected an integer >= 1, got 0"),
         (["encoders", "--warmup", "-4"], "expected an integer >= 0, got -4"),
         (["mzu", "--bptt", "x"], "expected an integer, got 'x'"),

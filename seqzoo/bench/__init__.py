@@ -26,6 +26,20 @@ def non_negative_int(text: str) -> int:
     return _int_at_least(text, 0)
 
 
+def shape_arg(text: str) -> tuple[int, int, int]:
+    """An ``argparse`` type: one ``BxTxN`` shape (batch, length, a size), each >= 1."""
+    try:
+        batch, seq_len, size = (positive_int(v) for v in text.lower().split("x"))
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"expected BxTxN of sizes >= 1, e.g. 32x50x9; got {text!r}") from None
+    return batch, seq_len, size
+
+
+def shapes_arg(text: str) -> list[tuple[int, int, int]]:
+    """An ``argparse`` type: comma-separated ``BxTxN`` shapes (:func:`shape_arg`)."""
+    return [shape_arg(item) for item in text.split(",")]
+
+
 def device_arg(text: str) -> torch.device:
     """An ``argparse`` type: a torch device that exists here ("cpu", "cuda", "cuda:1")."""
     try:

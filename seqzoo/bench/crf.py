@@ -23,25 +23,13 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from seqzoo.bench import non_negative_int, positive_int
+from seqzoo.bench import non_negative_int, positive_int, shapes_arg
 from seqzoo.heads.crf import CRF
 
 __all__ = ["build_parser", "main", "measure"]
 
 DEFAULT_SHAPES = "32x50x9,32x50x50,16x100x415"
 VARIANTS = ("full", "padded")
-
-
-def _parse_shapes(text: str) -> list[tuple[int, int, int]]:
-    """``--shapes``: comma-separated BxTxK, each size >= 1."""
-    shapes = []
-    for item in text.split(","):
-        try:
-            batch, seq_len, tags = (positive_int(v) for v in item.lower().split("x"))
-        except (ValueError, argparse.ArgumentTypeError):
-            raise argparse.ArgumentTypeError(f"shapes are BxTxK of sizes >= 1, e.g. 32x50x9; got {item!r}") from None
-        shapes.append((batch, seq_len, tags))
-    return shapes
 
 
 def _inputs(shape: tuple[int, int, int], variant: str) -> tuple[Tensor, Tensor, Tensor]:
@@ -136,7 +124,7 @@ def _table(rows: list[dict]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The options of ``seqzoo bench crf``."""
     parser = argparse.ArgumentParser(prog="seqzoo bench crf", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", type=_parse_shapes, default=DEFAULT_SHAPES, help="comma-separated BxTxK")
+    parser.add_argument("--shapes", type=shapes_arg, default=DEFAULT_SHAPES, help="comma-separated BxTxK")
     parser.add_argument(
         "--lengths", choices=(*VARIANTS, "both"), default="both", help="full rows, padded rows or both (default)"
     )

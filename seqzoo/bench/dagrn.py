@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from seqzoo.bench import non_negative_int, positive_int
+from seqzoo.bench import non_negative_int, positive_int, shape_arg
 from seqzoo.encoders.base import build_encoder
 from seqzoo.encoders.dagrn import DAGRN
 
@@ -225,14 +225,6 @@ def gemm_row(args: argparse.Namespace) -> dict:
     }
 
 
-def _shape(text: str) -> tuple[int, int, int]:
-    try:
-        batch, seq_len, hidden = (positive_int(v) for v in text.lower().split("x"))
-    except (ValueError, argparse.ArgumentTypeError):
-        raise argparse.ArgumentTypeError(f"expected BxTxH of sizes >= 1, e.g. 32x23x400; got {text!r}") from None
-    return batch, seq_len, hidden
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The options of ``seqzoo bench dagrn``."""
     parser = argparse.ArgumentParser(prog="seqzoo bench dagrn", description=__doc__.split("\n\n")[0])
@@ -245,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--depth-size", type=positive_int, default=50, help="depth embedding d_e (default 50)")
     parser.add_argument("--window", type=positive_int, default=1, help="S-LSTM window (default 1)")
     parser.add_argument("--gemm-bound", action="store_true", help="time an S-LSTM step against its GEMM bound")
-    parser.add_argument("--gemm-shape", type=_shape, default="32x23x400", help="BxTxH for --gemm-bound")
+    parser.add_argument("--gemm-shape", type=shape_arg, default="32x23x400", help="BxTxH for --gemm-bound")
     parser.add_argument("--repeats", type=positive_int, default=5, help="timed runs per measurement (median)")
     parser.add_argument("--warmup", type=non_negative_int, default=1, help="untimed runs first (default 1)")
     parser.add_argument("--threads", type=positive_int, default=2, help="torch.set_num_threads (default 2)")

@@ -40,7 +40,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from seqzoo.bench import device_arg, non_negative_int, positive_int, sgemm_flops_per_s, synchronize
+from seqzoo.bench import device_arg, non_negative_int, positive_int, sgemm_flops_per_s, shapes_arg, synchronize
 from seqzoo.config import ConfigError
 from seqzoo.encoders.base import available_encoders, build_encoder
 from seqzoo.encoders.qrnn import QRNN
@@ -51,18 +51,6 @@ from seqzoo.training.devices import autocast, check_precision
 __all__ = ["build_parser", "main"]
 
 DEFAULT_SHAPES = "8x512x512,32x128x512,128x32x512"
-
-
-def _parse_shapes(text: str) -> list[tuple[int, int, int]]:
-    """``--shapes``: comma-separated BxTxH, each size >= 1."""
-    shapes = []
-    for item in text.split(","):
-        try:
-            batch, seq_len, hidden = (positive_int(v) for v in item.lower().split("x"))
-        except (ValueError, argparse.ArgumentTypeError):
-            raise argparse.ArgumentTypeError(f"shapes are BxTxH of sizes >= 1, e.g. 8x512x512; got {item!r}") from None
-        shapes.append((batch, seq_len, hidden))
-    return shapes
 
 
 def _parse_encoders(text: str) -> list[str]:
@@ -276,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated; sru is skipped if not installed",
     )
     parser.add_argument(
-        "--shapes", type=_parse_shapes, default=DEFAULT_SHAPES, help="comma-separated BxTxH (input size = H)"
+        "--shapes", type=shapes_arg, default=DEFAULT_SHAPES, help="comma-separated BxTxH (input size = H)"
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
     parser.add_argument("--qrnn-window", type=positive_int, default=1, help="QRNN filter width k (default 1)")
