@@ -44,3 +44,12 @@ def assert_all_close_to_float64(
     twins = twin if twin is not None else [None] * len(got)
     for i, (a, r, t) in enumerate(zip(got, ref64, twins, strict=True)):
         assert_close_to_float64(a, r, t, factor=factor, what=f"result {i}")
+
+
+def perturbed(module: torch.nn.Module, scale: float = 0.3) -> torch.nn.Module:
+    """``module`` with every parameter moved off its initial value: zero biases or constant initial
+    scales would hide a term read from the wrong place."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn_like(p) * scale)
+    return module
