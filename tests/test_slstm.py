@@ -151,20 +151,24 @@ def test_slstm_contract_and_dropout(variant):
     assert (out[~mask] == 0).all()
 
 
-@pytest.mark.parametrize("variant", ["paper", "official"])
-def test_slstm_gradcheck(variant):
-    torch.manual_seed(0)
-    model = SLSTM(2, 2, num_steps=2, window=1, variant=variant).double()
-    x, mask = padded_batch(2, lengths=[3, 2])
-    x = x.nan_to_num(0.0).requires_grad_(True)
-    names = [name for name, _ in model.named_parameters()]
-    params = [p.detach().clone().requires_grad_(True) for p in model.parameters()]
+def _gradcheck(model, names, x, mask):
+    """float64 gradcheck of the outputs and the global state with respect to ``x`` and the named parameters."""
+    params = [model.get_parameter(name).detach().clone().requires_grad_(True) for name in names]
 
     def run(x, *params):
         out, (g, _) = functional_call(model, dict(zip(names, params, strict=True)), (x, mask))
         return out, g
 
     assert torch.autograd.gradcheck(run, (x, *params))
+
+
+@pytest.mark.parametrize("variant", ["paper", "official"])
+def test_slstm_gradcheck(variant):
+    torch.manual_seed(0)
+    model = SLSTM(2, 2, num_steps=2, window=1, variant=variant).double()
+    x, mask = padded_batch(2, lengths=[3, 2])
+    x = x.nan_to_num(0.0).requires_grad_(True)
+    _gradcheck(model, [name for name, _ in model.named_parameters()], x, mask)
 
 
 def test_slstm_rejects_bad_arguments():
@@ -394,13 +398,7 @@ def test_dagrn_gradcheck():
     x = x.nan_to_num(0.0).requires_grad_(True)
     # the depth machinery and one S-LSTM bias (all the weights would take long)
     names = ["inner.weight", "inner.bias", "restore.weight", "depth_embedding", "cell.word_forget.bias"]
-    params = [model.get_parameter(name).detach().clone().requires_grad_(True) for name in names]
-
-    def run(x, *params):
-        out, (g, _) = functional_call(model, dict(zip(names, params, strict=True)), (x, mask))
-        return out, g
-
-    assert torch.autograd.gradcheck(run, (x, *params))
+    _gradcheck(model, names, x, mask)
 
 
 def test_dagrn_rejects_bad_arguments():
