@@ -1,11 +1,12 @@
 """The Meta-LSTM encoder (seqzoo/encoders/meta_lstm.py, MODELS.md 3.1-3.2)."""
 
+import copy
 import math
 
 import pytest
 import torch
 from conftest import needs_cxx, no_eager_fallback
-from numerics import perturbed
+from numerics import assert_all_close_to_float64, perturbed
 from torch._dynamo.utils import counters
 
 from seqzoo import build_encoder
@@ -149,11 +150,11 @@ def test_compiled_steps_equal_eager_ones_with_one_graph_for_every_layer_and_dire
     x = torch.randn(3, 6, 5)
     mask = torch.arange(6) < torch.tensor([6, 4, 1]).unsqueeze(1)
     results = []
-    for encoder in (eager, compiled):
+    for encoder, inputs in ((copy.deepcopy(eager).double(), x.double()), (eager, x), (compiled, x)):
         with no_eager_fallback():
-            out, state = encoder(x, mask)
+            out, state = encoder(inputs, mask)
         loss = out.pow(2).sum() + sum(part.sum() for part in state)
         results.append([out, *state, *torch.autograd.grad(loss, list(encoder.parameters()))])
-    for a, b in zip(*results, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    exact, expected, got = results
+    assert_all_close_to_float64(got, exact, expected)  # off by no more than eager float32 is, up to a factor
     assert counters["stats"]["unique_graphs"] == 1
