@@ -70,6 +70,7 @@ __all__ = [
     "TaggingData",
     "TaggingDataConfig",
     "TaggingTask",
+    "build_tagger",
     "build_tasks",
     "load_data",
     "load_trained",
@@ -122,24 +123,19 @@ class TaggingDataConfig:
 
 @dataclass
 class TaggingData:
-    """The sentences of each split (``test`` may be absent) and where each was read from."""
+    """The sentences of each split and the file each was read from."""
 
     splits: dict[str, list[TaggedSentence]]
     sources: dict[str, Path]
 
 
 def load_data(cfg: TaggingDataConfig) -> TaggingData:
-    """The splits of ``cfg`` (a missing dev or test file: no such split; a missing train file: an error),
-    each sentence's tags checked against the corpus's scheme (an error naming file:line)."""
-    root = Path(cfg.data_dir)
+    """The train, dev and test splits of ``cfg`` (each file required; ``.gz`` aware), each sentence's tags
+    checked against the corpus's scheme (an error naming file:line)."""
     splits: dict[str, list[TaggedSentence]] = {}
     sources: dict[str, Path] = {}
     for split, name in zip(SPLITS, (cfg.train_file, cfg.dev_file, cfg.test_file), strict=True):
-        path = root / name
-        if split != "train" and not path.exists() and not path.with_name(path.name + ".gz").exists():
-            continue
-        if not path.exists() and path.with_name(path.name + ".gz").exists():
-            path = path.with_name(path.name + ".gz")
+        path = Path(cfg.data_dir) / name
         sentences = read_conll(path, cfg.token_column, cfg.tag_column)
         if cfg.scheme != "none":
             for sentence in sentences:
@@ -218,24 +214,27 @@ class TagHead(nn.Module):
         return token.masked_fill(~mask, 0.0).sum(1)
 
     @torch.no_grad()
-    def decode(self, emissions: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        """The best tag paths (B, T) int64 (-1 at pads) and each token's probability of its tag (B, T)
-        (CRF marginals p(y_t | x), or the softmax's probabilities; 0 at pads)."""
+    def decode(self, emissions: Tensor, mask: Tensor) -> Tensor:
+        """The best tag paths (B, T) int64, -1 at pads."""
         if self.crf is not None:
-            paths = self.crf.decode(emissions, mask)
+            return self.crf.decode(emissions, mask)
+        if not self.constraints:
+            return emissions.argmax(-1).masked_fill(~mask, -1)
+        zeros = emissions.new_zeros(len(self.tags), dtype=torch.float32)
+        start, end = (zeros.masked_fill(f, DISALLOWED) for f in (self.forbidden_start, self.forbidden_end))
+        trans = zeros.expand(len(self.tags), -1).masked_fill(self.forbidden, DISALLOWED)  # (K, K)
+        logp = torch.log_softmax(emissions.float(), -1).masked_fill(~mask.unsqueeze(2), 0.0)  # (B, T, K)
+        return viterbi(logp, mask, start, trans, end)[0]
+
+    @torch.no_grad()
+    def confidence(self, emissions: Tensor, mask: Tensor, paths: Tensor) -> Tensor:
+        """Each token's probability of its tag in ``paths`` (B, T): the CRF's marginal p(y_t | x) or the
+        softmax's probability; 0 at pads."""
+        if self.crf is not None:
             probs = self.crf.marginals(emissions, mask)  # (B, T, K)
         else:
-            probs = torch.softmax(emissions.float(), -1).masked_fill(~mask.unsqueeze(2), 0.0)  # (B, T, K)
-            if self.constraints:
-                zeros = emissions.new_zeros(len(self.tags), dtype=torch.float32)
-                start, end = (zeros.masked_fill(f, DISALLOWED) for f in (self.forbidden_start, self.forbidden_end))
-                trans = zeros.expand(len(self.tags), -1).masked_fill(self.forbidden, DISALLOWED)
-                logp = torch.log_softmax(emissions.float(), -1).masked_fill(~mask.unsqueeze(2), 0.0)
-                paths = viterbi(logp, mask, start, trans, end)[0]
-            else:
-                paths = probs.argmax(-1).masked_fill(~mask, -1)
-        confidence = probs.gather(2, paths.clamp(min=0).unsqueeze(2)).squeeze(2).masked_fill(~mask, 0.0)
-        return paths, confidence
+            probs = torch.softmax(emissions.float(), -1)  # (B, T, K)
+        return probs.gather(2, paths.clamp(min=0).unsqueeze(2)).squeeze(2).masked_fill(~mask, 0.0)
 
 
 class Tagger(nn.Module):
@@ -430,25 +429,25 @@ class TaggingTask:
 
     @torch.no_grad()
     def _decode(
-        self, examples: Sequence[_Encoded], with_loss: bool = False
+        self, examples: Sequence[_Encoded], *, loss: bool = False, confidence: bool = False
     ) -> tuple[list[list[int]], list[list[float]], float]:
-        """Each example's best tag indices and their probabilities, and the summed NLL (with ``with_loss``;
-        a kept unseen gold tag has no likelihood, so its sentence is left out of the loss)."""
+        """Each example's best tag indices, their probabilities (with ``confidence``, else ``[]``) and the summed
+        NLL (with ``loss``; a kept unseen gold tag has no likelihood, so its sentence is left out of it)."""
         ids, mask, chars = self._inputs(examples)
         emissions = self.model.emissions(ids, mask, chars)  # (B, T, K)
-        paths, confidence = self.model.head.decode(emissions, mask)
-        loss = 0.0
-        if with_loss:
+        head = self.model.head
+        paths = head.decode(emissions, mask)  # (B, T)
+        lengths = mask.sum(1).tolist()
+        probs: list[list[float]] = []
+        if confidence:
+            probs = [row[:n] for row, n in zip(head.confidence(emissions, mask, paths).tolist(), lengths, strict=True)]
+        total = 0.0
+        if loss:
             targets = self._targets(examples, ids.shape[1])
             whole = ~((targets < 0) & mask).any(1)  # (B,)
             if whole.any():
-                loss = float(self.model.head.nll(emissions[whole], targets[whole], mask[whole]).sum())
-        lengths = mask.sum(1).tolist()
-        return (
-            [row[:n] for row, n in zip(paths.tolist(), lengths, strict=True)],
-            [row[:n] for row, n in zip(confidence.tolist(), lengths, strict=True)],
-            loss,
-        )
+                total = float(head.nll(emissions[whole], targets[whole], mask[whole]).sum())
+        return [row[:n] for row, n in zip(paths.tolist(), lengths, strict=True)], probs, total
 
     def predicted_tags(self, split: str) -> list[list[str]]:
         """The model's best tags (in its own scheme, ``data.train_scheme``) for every sentence of ``split``."""
@@ -460,7 +459,7 @@ class TaggingTask:
         loss = 0.0
         with module_mode(self.model, training=False):
             for batch in self._batches(split, self.config.train.eval_batch_size):
-                paths, _, batch_loss = self._decode([examples[i] for i in batch], with_loss=True)
+                paths, _, batch_loss = self._decode([examples[i] for i in batch], loss=True)
                 loss += batch_loss
                 for i, path in zip(batch, paths, strict=True):
                     predicted[i] = [self.tags[t] for t in path]
@@ -499,7 +498,7 @@ class TaggingTask:
         with module_mode(self.model, training=False):
             for start in range(0, len(examples), size):
                 chunk = examples[start : start + size]
-                paths, confidences, _ = self._decode(chunk)
+                paths, confidences, _ = self._decode(chunk, confidence=True)
                 for tokens, path, confidence in zip(sentences[start : start + size], paths, confidences, strict=True):
                     tags = self._from_model([self.tags[t] for t in path])
                     record: dict[str, Any] = {"tokens": tokens, "tags": tags, "confidences": confidence}
@@ -520,10 +519,6 @@ class TaggingTask:
 def build_tasks(config: RunConfig) -> list[tuple[str, TaggingTask]]:
     """One task: ``[("", task)]``."""
     data = load_data(config.data)
-    if "dev" not in data.splits:
-        raise DataError(
-            "a tagging run needs a dev split (model selection)", Path(config.data.data_dir) / config.data.dev_file
-        )
     return [("", TaggingTask(config, data.splits, sources=data.sources))]
 
 
