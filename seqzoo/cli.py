@@ -9,6 +9,7 @@ import inspect
 import json
 import logging
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,9 +37,9 @@ FIXED_ON_RESUME = (
 
 
 def _train(args: argparse.Namespace) -> int:
-    from seqzoo.training.distributed import init_from_env, is_main, launch, main_rank_lock, on_main
+    from seqzoo.training.distributed import init_from_env, is_main, launch, on_main
     from seqzoo.training.rundir import new_run_dir
-    from seqzoo.training.runner import format_summary, run
+    from seqzoo.training.runner import format_summary
 
     if args.nproc is not None:  # this command again, as N data-parallel processes started by torchrun
         if args.nproc < 1:
@@ -48,7 +49,7 @@ def _train(args: argparse.Namespace) -> int:
         if args.config or args.run_dir:  # the run's own config.yaml is used, in its own directory
             given = "a config file" if args.config else "--run-dir"
             raise ConfigError(f"--resume continues {args.resume} with its stored config.yaml; {given} cannot be added")
-        run_dir = Path(args.resume)
+        run_dir, created = Path(args.resume), None
         stored = run_dir / "config.yaml"
         if not stored.exists():
             raise ConfigError(f"{run_dir}: not a run directory (no config.yaml)")
@@ -61,19 +62,18 @@ def _train(args: argparse.Namespace) -> int:
         # A data-parallel job's rank 0 claims its directory, for all its ranks.
         run_dir = Path(args.run_dir) if args.run_dir else on_main(lambda: new_run_dir(config.output_dir, config.name))
         _refuse_part_of_a_run(run_dir, "train in a directory of its own")
+        fresh = args.run_dir is None or not run_dir.exists()
         run_dir.mkdir(parents=True, exist_ok=True)
-    with main_rank_lock(run_dir):  # the checks below see the directory as no other training will change it
-        if is_main() and _has_trained(run_dir):  # (the other ranks of a job: rank 0 may be writing there now)
-            if not args.resume:
-                raise ConfigError(
-                    f"{run_dir} holds a trained run: resume it (--resume {run_dir}) or pick another --run-dir"
-                )
-            _refuse_changes_on_resume(load_config(stored, resolved=True), config, stored)
-        try:
-            summary = run(config, run_dir, resume=bool(args.resume))
-        except KeyboardInterrupt:
-            print(f"seqzoo: interrupted; continue with: seqzoo train --resume {run_dir}", file=sys.stderr)
-            return 130
+        created = _identity(run_dir) if fresh and is_main() else None  # the directory this training made
+    try:
+        summary = _train_in(args, config, run_dir)
+    except Exception:  # a run that failed before it trained leaves no directory behind (the one it
+        # created: not one that replaced it meanwhile)
+        if created is not None and created == _identity(run_dir) and not _has_trained(run_dir):
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    if summary is None:
+        return 130
     if not is_main():  # rank 0 reports for the job
         return 0
     print("\n".join(format_summary(summary)))
@@ -82,6 +82,35 @@ def _train(args: argparse.Namespace) -> int:
     if plots:
         print("plots: " + ", ".join(plots))
     return 0
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The device and inode of the directory at ``path`` (None where there is none)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+def _train_in(args: argparse.Namespace, config: RunConfig, run_dir: Path) -> dict[str, Any] | None:
+    """Train ``config`` in ``run_dir`` (locked); its summary, or None when interrupted."""
+    from seqzoo.training.distributed import is_main, main_rank_lock
+    from seqzoo.training.runner import run
+
+    stored = run_dir / "config.yaml"
+    with main_rank_lock(run_dir):  # the checks below see the directory as no other training will change it
+        if is_main() and _has_trained(run_dir):  # (the other ranks of a job: rank 0 may be writing there now)
+            if not args.resume:
+                raise ConfigError(
+                    f"{run_dir} holds a trained run: resume it (--resume {run_dir}) or pick another --run-dir"
+                )
+            _refuse_changes_on_resume(load_config(stored, resolved=True), config, stored)
+        try:
+            return run(config, run_dir, resume=bool(args.resume))
+        except KeyboardInterrupt:
+            print(f"seqzoo: interrupted; continue with: seqzoo train --resume {run_dir}", file=sys.stderr)
+            return None
 
 
 def _torchrun_argv(args: argparse.Namespace) -> list[str]:
@@ -190,7 +219,11 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     runs: dict[Path, dict[str, dict[str, float]]] = {}
     for sub in _trained_runs(args.run_dir):
-        metrics = load_task(sub, data_paths=args.set).evaluate(args.split)
+        task = load_task(sub, data_paths=args.set)
+        broken = _non_finite_weights(task)
+        if broken:
+            log.warning("%s: weights with NaN or infinite values (%s): its metrics mean nothing", sub, broken)
+        metrics = task.evaluate(args.split)
         root = run_root(sub)
         name = str(sub.relative_to(root)) if sub != root else "."
         runs.setdefault(root, {})[name] = {f"{args.split}_{k}": v for k, v in metrics.items()}
@@ -212,6 +245,9 @@ def _predict(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"{run}: `seqzoo predict` serves classification, aspect sentiment and translation runs, not this one"
         )
+    broken = _non_finite_weights(task)
+    if broken:
+        raise ConfigError(f"{run}: the model's weights hold NaN or infinite values ({broken}): it cannot predict")
     source = "<stdin>" if args.input in (None, "-") else args.input
     with open_text(source, sys.stdin.buffer if source == "<stdin>" else None) as lines:  # stdin read as a file is
         numbered = [(lines.line, line.removesuffix("\n")) for line in lines if line.strip()]
@@ -226,6 +262,15 @@ def _predict(args: argparse.Namespace) -> int:
     for (line, text), result in zip(numbered, results, strict=True):  # blank lines have no record
         print(json.dumps({"line": line, "text": text, **result}, ensure_ascii=False))
     return 0
+
+
+def _non_finite_weights(task: Any) -> str:
+    """The names of the first tensors of ``task.model`` that hold a NaN or an infinity ("" if none)."""
+    import torch
+
+    state = task.model.state_dict()
+    names = [name for name, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def _capability(task: Any, sub: Path, name: str, what: str) -> Any:

@@ -34,8 +34,10 @@ __all__ = [
     "inert_keys",
     "load_config",
     "names_config_errors",
+    "require_name",
     "require_ranges",
     "stage_config",
+    "unset_variable",
 ]
 
 
@@ -60,6 +62,19 @@ def require_ranges(
             value = getattr(config, name)
             if any(not ok(v) for v in (value if isinstance(value, list) else [value]) if v is not None):
                 raise ConfigError(f"{name}: must be {bound}, got {value!r}")
+
+
+def require_name(name: str, key: str) -> None:
+    """A :class:`ConfigError` unless ``name`` is one file or directory name (no path separator, not ``..``)."""
+    if not name or "/" in name or os.sep in name or ".." in name or name == ".":
+        raise ConfigError(f"{key}: must be a file name without a path separator or '..', got {name!r}")
+
+
+def unset_variable(value: str) -> str | None:
+    """The first ``$NAME`` or ``${NAME}`` left in ``value`` after :func:`os.path.expandvars` (a variable
+    that is not set), else None."""
+    found = re.search(r"\$(\w+|\{[^}]*\})", value)
+    return found.group(0) if found else None
 
 
 @dataclass
@@ -188,6 +203,12 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     stages: list[StageConfig] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        require_name(self.name, "name")
+        unset = unset_variable(self.output_dir)
+        if unset:
+            raise ConfigError(f"output_dir: the environment variable {unset} is not set, in {self.output_dir!r}")
 
 
 #: The sections a stage may override.
@@ -476,9 +497,11 @@ def load_config(
             raise ConfigError(f"{path}: {err.strerror}") from None
         except UnicodeDecodeError as err:
             raise ConfigError(f"{path}: not UTF-8 text (invalid byte at offset {err.start})") from None
-        if loaded is not None and not isinstance(loaded, dict):
+        if loaded is None:  # only `seqzoo train` without a file trains the default recipe
+            raise ConfigError(f"{path}: the config file is empty")
+        if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping")
-        values = loaded or {}
+        values = loaded
     file_keys = {} if resolved else {key: key for key in _given_keys(values)}
     try:  # the file's keys must act in the file's own config (an override may switch one off:
         # --set train.seeds=[1,2] over a file's seed: 1); the overrides', in the result

@@ -224,3 +224,63 @@ def test_beam_search_output_is_capped():
     assert [len(o) for o in outputs] == [70, 70]  # <eos> banned: each runs to twice its source + 10
     capped = beam_search(model, src, torch.ones_like(src, dtype=torch.bool), 2, 3, 2, banned=[3], max_output=7)
     assert [len(o) for o in capped] == [7, 7]
+
+
+# No silent surprises.
+
+
+@pytest.fixture
+def tiny_config(tmp_path: Path) -> Path:
+    return write_config(tmp_path / "tiny.yaml", write_sentiment_corpus(tmp_path / "data", sizes=(40, 12, 12)))
+
+
+@pytest.mark.parametrize(
+    ("assignment", "key"),
+    [
+        ("data.name=../data/toy", "data.name"),
+        ("name=../../evil", "name"),
+        ("name=a/b", "name"),
+        ("output_dir=$SEQZOO_SURELY_UNSET_VARIABLE/runs", "output_dir"),
+    ],
+)
+def test_names_and_output_dir_are_checked(tiny_config, capsys, assignment, key):
+    one_line_error(capsys, ["train", str(tiny_config), "--set", assignment], f"{key}:")
+    assert not (tiny_config.parent / "runs").exists()
+    assert not (tiny_config.parent.parent / "evil").exists()
+
+
+def test_an_empty_config_file_is_an_error(tmp_path, capsys):
+    (tmp_path / "empty.yaml").write_text("# nothing yet\n", encoding="utf-8")
+    one_line_error(capsys, ["train", str(tmp_path / "empty.yaml")], "empty.yaml", "empty")
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_a_split_that_is_no_regular_file_is_an_error(tiny_config, capsys, kind):
+    """A directory at toy.test made the run cross-validate silently, as if there were no test split."""
+    test = tiny_config.parent / "data" / "toy.test"
+    test.unlink()
+    test.mkdir() if kind == "directory" else os.mkfifo(test)
+    one_line_error(capsys, ["train", str(tiny_config)], "toy.test", "not a regular file")
+
+
+def test_a_run_that_fails_before_training_leaves_no_directory(tiny_config, capsys):
+    (tiny_config.parent / "data" / "toy.dev").write_text("pos\tfine\nnew-label\tbad\n", encoding="utf-8")
+    one_line_error(capsys, ["train", str(tiny_config)], "toy.dev:2", "unknown label")
+    assert list((tiny_config.parent / "runs").iterdir()) == []
+    run_dir = tiny_config.parent / "given"
+    one_line_error(capsys, ["train", str(tiny_config), "--run-dir", str(run_dir)], "unknown label")
+    assert not run_dir.exists()
+
+
+def test_nan_weights(run_copy, capsys, caplog):
+    from safetensors.torch import load_file
+
+    path = run_copy / "best" / "model.safetensors"
+    tensors = load_file(str(path))
+    tensors["head.1.bias"] = torch.full_like(tensors["head.1.bias"], float("nan"))
+    save_file(tensors, str(path))
+    source = run_copy / "input.txt"
+    source.write_text("a fine film\n", encoding="utf-8")
+    one_line_error(capsys, ["predict", str(run_copy), "--input", str(source)], "NaN", "head.1.bias")
+    assert main(["evaluate", str(run_copy)]) == 0
+    assert "weights with NaN or infinite values (head.1.bias)" in caplog.text

@@ -19,6 +19,7 @@ from seqzoo.config import (
     ModelConfig,
     RunConfig,
     names_config_errors,
+    require_name,
     require_ranges,
     with_recipe_arguments,
 )
@@ -77,6 +78,7 @@ class ClassificationDataConfig:
         )
         if self.folds < 2:
             raise ConfigError(f"folds: must be >= 2, got {self.folds!r}")
+        require_name(self.name, "name")  # the files' stem in data_dir
 
 
 class TextClassifier(nn.Module):
