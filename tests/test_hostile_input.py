@@ -190,6 +190,21 @@ def test_a_million_token_line_is_cut_under_a_memory_limit(tmp_path):
     assert "(the longest: 1000000 tokens" in result.stderr and "toy.train:41" in result.stderr
 
 
+def test_a_tagged_sentence_beyond_max_len_is_named(tmp_path, capsys):
+    """A tagged sentence is not cut (its gold tags would be): it stops the run, named by file and line."""
+    for name in ("train.txt", "valid.txt", "test.txt"):
+        (tmp_path / name).write_text("the\tDT\ncat\tNN\n\nsat\tVB\n\n", encoding="utf-8")
+    with open(tmp_path / "train.txt", "a", encoding="utf-8") as handle:
+        handle.write("buffalo\tNN\n" * 1001)  # a sentence from line 6 on
+    config = tmp_path / "tag.yaml"
+    data = {"data_dir": str(tmp_path), "scheme": "none", "embedding_dim": 8}
+    model = {key: value for key, value in TINY_MODEL.items() if key != "pooler"}  # a tagger pools nothing
+    values = {"task": "tagging", "data": data, "model": model, "train": TINY_TRAIN}
+    config.write_text(json.dumps(values), encoding="utf-8")
+    line = one_line_error(capsys, ["train", str(config), "--run-dir", str(tmp_path / "run")], "train.txt:6")
+    assert "a sentence of 1001 tokens, more than data.max_len=1000" in line
+
+
 # Decoding is bounded.
 
 

@@ -59,7 +59,7 @@ from seqzoo.data.text import Vocab
 from seqzoo.embedders import CHAR_KEYS, TokenEmbedder
 from seqzoo.encoders.base import Encoder, build_encoder, module_mode
 from seqzoo.heads.crf import CRF, DISALLOWED, viterbi
-from seqzoo.tasks.common import Checkpoint, epoch_seed, pretrained_vectors, restore
+from seqzoo.tasks.common import DEFAULT_MAX_LEN, Checkpoint, epoch_seed, pretrained_vectors, restore
 from seqzoo.training.devices import resolve_device
 from seqzoo.training.registry import register_task
 from seqzoo.training.task import StepLoss
@@ -100,9 +100,10 @@ class TaggingDataConfig:
     embedding_dim: int = 50
     embedding_vocab: bool = True  # with embeddings: every split's words that have a vector join the vocabulary
     freeze_embeddings: bool = False
+    max_len: int | None = DEFAULT_MAX_LEN  # a longer sentence (in a split or predict) is an error (None: no cap)
 
     def __post_init__(self) -> None:
-        require_ranges(self, positive=("min_freq", "embedding_dim"))
+        require_ranges(self, positive=("min_freq", "embedding_dim", "max_len"))
         if self.scheme == "none" and self.train_scheme is not None:
             raise ConfigError(
                 f"train_scheme: tags without chunks (scheme none) have no other scheme, got {self.train_scheme!r}"
@@ -329,6 +330,8 @@ class TaggingTask:
         index = {tag: i for i, tag in enumerate(self.tags)}
         self.encoded: dict[str, list[_Encoded]] = {}
         for name, split in splits.items():
+            for s in split:  # a tagged sentence is not cut (its gold tags would be): one too long stops the run
+                self._refuse_long(s.tokens, (sources or {}).get(name), s.line)
             self.encoded[name] = [
                 _Encoded(self._words(s.tokens), self._chars(s.tokens), [index.get(t, -1) for t in tags_], s.tags)
                 for s, tags_ in zip(split, model_tags[name], strict=True)
@@ -360,6 +363,12 @@ class TaggingTask:
 
     def _key(self, token: str) -> str:
         return token.lower() if self.data.lowercase else token
+
+    def _refuse_long(self, tokens: Sequence[str], path: Path | None, line: int) -> None:
+        """A :class:`DataError` at ``path``:``line`` where ``tokens`` are more than ``data.max_len``."""
+        limit = self.data.max_len
+        if limit is not None and len(tokens) > limit:
+            raise DataError(f"a sentence of {len(tokens)} tokens, more than data.max_len={limit}", path, line)
 
     def _words(self, tokens: Sequence[str]) -> list[int]:
         return self.vocab.encode(self._key(t) for t in tokens)
@@ -493,6 +502,8 @@ class TaggingTask:
         ``spans``: ``{"type", "start", "end" (token offsets, end exclusive), "text"}``."""
         results: list[dict[str, Any]] = []
         sentences = [text.split() for text in texts]
+        for line, tokens in enumerate(sentences, 1):
+            self._refuse_long(tokens, None, line)
         examples = [_Encoded(self._words(t), self._chars(t), [], tuple(t)) for t in sentences]
         size = self.config.train.eval_batch_size
         with module_mode(self.model, training=False):
@@ -527,11 +538,11 @@ def load_trained(config: RunConfig, best: Path, with_data: bool = True) -> Taggi
     data = load_data(config.data) if with_data else TaggingData({}, {})
 
     def build(checkpoint: Checkpoint) -> TaggingTask:
-        chars = None if config.model.char_encoder == "none" else Vocab.from_dict(checkpoint.document("chars.json"))
+        chars = None if config.model.char_encoder == "none" else checkpoint.vocab("chars.json")
         saved = checkpoint.document("tags.json")
         return TaggingTask(
             config, data.splits, sources=data.sources, vocab=checkpoint.vocab(), chars=chars, tags=saved["tags"],
-            embedding_dim=checkpoint.weights["embedding.weight"].shape[1],
+            embedding_dim=checkpoint.tensor("embedding.weight").shape[1],
         )  # fmt: skip
 
     return restore(best, build)
