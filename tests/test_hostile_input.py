@@ -299,3 +299,8 @@ def test_nan_weights(run_copy, capsys, caplog):
     one_line_error(capsys, ["predict", str(run_copy), "--input", str(source)], "NaN", "head.1.bias")
     assert main(["evaluate", str(run_copy)]) == 0
     assert "weights with NaN or infinite values (head.1.bias)" in caplog.text
+
+
+def test_a_resumed_checkpoint_file_that_is_a_device(run_copy, capsys):
+    _link(run_copy / "last", "train_state.json", "/dev/zero")  # read, it would never end
+    one_line_error(capsys, ["train", "--resume", str(run_copy)], "train_state.json", "a device, not a regular file")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import codecs
 import collections
-import errno
 import gzip
 import json
 import os
@@ -163,12 +162,11 @@ def _kind(path: Path) -> str:
 
 
 def require_regular(path: PathLike) -> Path:
-    """``path``, where it is a regular file (or a link to one); else a :class:`DataError` naming it, before
-    anything reads it (a device may never end, a FIFO block). A missing file: FileNotFoundError."""
+    """``path``, unless it exists as something other than a regular file (or a link to one): then a
+    :class:`DataError` naming it, before anything reads it (a device may never end, a FIFO block).
+    A missing file passes, for its reader to report."""
     path = Path(path)
-    if not path.is_file():
-        if not path.exists():
-            raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(path))
+    if path.exists() and not path.is_file():
         raise DataError(f"is {_kind(path)}, not a regular file", path)
     return path
 
@@ -258,9 +256,10 @@ def write_json(path: PathLike, obj: Any) -> None:
 
 
 def read_json(path: PathLike) -> Any:
-    """Parse a JSON file (``.gz`` aware); malformed JSON raises :class:`DataError` with its line."""
+    """Parse a JSON file (``.gz`` aware); malformed JSON raises :class:`DataError` with its line, and so
+    does a path that is no regular file (:func:`require_regular`)."""
     try:
-        return json.loads(read_text(path))
+        return json.loads(read_text(require_regular(path)))
     except json.JSONDecodeError as err:
         raise DataError(f"invalid JSON: {err.msg} (column {err.colno})", path, err.lineno) from None
     except RecursionError:

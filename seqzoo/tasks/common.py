@@ -19,7 +19,7 @@ from seqzoo.config import RunConfig
 from seqzoo.data.batching import bucket_batches, pad_batch
 from seqzoo.data.embeddings import load_vectors
 from seqzoo.data.errors import DataError
-from seqzoo.data.io import read_json, require_regular
+from seqzoo.data.io import read_json
 from seqzoo.data.text import Tokenizer, Vocab
 from seqzoo.encoders.base import module_mode
 from seqzoo.training.checkpoint import load_tensors, load_weights
@@ -119,7 +119,7 @@ class Checkpoint:
 
     def document(self, name: str) -> Any:
         """The JSON document ``name`` the task saved beside the model (``vocab.json``, ``labels.json``, ...)."""
-        return read_json(require_regular(self.path / name))
+        return read_json(self.path / name)
 
     def parsed(self, name: str, parse: Callable[[Any], T]) -> T:
         """The JSON object ``name`` read by ``parse`` (e.g. ``Vocab.from_dict``); one that is no object, or

@@ -49,6 +49,7 @@ from seqzoo.encoders.base import Encoder, build_encoder, module_mode
 from seqzoo.encoders.meta_lstm import MetaLSTM
 from seqzoo.heads.poolers import build_pooler
 from seqzoo.tasks.common import (
+    DEFAULT_MAX_LEN,
     Checkpoint,
     accuracy_and_loss,
     class_probabilities,
@@ -109,7 +110,7 @@ class MultiTaskDataConfig:
     split_hyphens: bool = False
     min_freq: int = 1
     max_vocab: int | None = None
-    max_len: int | None = None
+    max_len: int | None = DEFAULT_MAX_LEN  # texts are cut to their first max_len tokens (None: no cap)
     embeddings: str | None = None  # GloVe-format text vectors (.txt or .gz)
     embedding_dim: int = 50
     freeze_embeddings: bool = False

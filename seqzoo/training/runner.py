@@ -36,7 +36,7 @@ from seqzoo.config import (
     stage_config,
 )
 from seqzoo.data.errors import DataError
-from seqzoo.data.io import atomic_write_text, read_json, read_text, require_regular, write_json
+from seqzoo.data.io import atomic_write_text, read_json, read_text, write_json
 from seqzoo.training.checkpoint import load_tensors, resolve_checkpoint
 from seqzoo.training.devices import set_seed, set_threads
 from seqzoo.training.distributed import global_batch_config, is_main, main_rank_lock
@@ -265,7 +265,7 @@ def load_task(sub_run: str | Path, with_data: bool = True, data_paths: Sequence[
     best = resolve_checkpoint(Path(sub_run) / "best")
     if best is None:
         raise FileNotFoundError(f"{sub_run}: no best/ checkpoint")
-    values = read_json(require_regular(best / "config.json"))
+    values = read_json(best / "config.json")
     if not isinstance(values, dict):
         raise DataError(f"expected a JSON object (a run config), got a {type(values).__name__}", best / "config.json")
     for assignment in data_paths:
