@@ -304,3 +304,10 @@ def test_nan_weights(run_copy, capsys, caplog):
 def test_a_resumed_checkpoint_file_that_is_a_device(run_copy, capsys):
     _link(run_copy / "last", "train_state.json", "/dev/zero")  # read, it would never end
     one_line_error(capsys, ["train", "--resume", str(run_copy)], "train_state.json", "a device, not a regular file")
+
+
+def test_a_multitask_task_name_is_a_file_name():
+    from seqzoo.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"data\.tasks\[0\]\.name: must be a file name without a path separator"):
+        load_config(None, ["task=multitask", "data.tasks=[{name: ../secret}]"])

@@ -37,6 +37,7 @@ from seqzoo.config import (
     ModelConfig,
     RunConfig,
     names_config_errors,
+    require_name,
     require_ranges,
     with_recipe_arguments,
 )
@@ -89,6 +90,7 @@ class SubTaskConfig:
 
     def __post_init__(self) -> None:
         require_ranges(self, positive=("weight", "max_train", "max_len"))
+        require_name(self.name, "name")  # the files' stem in data_dir
 
 
 @dataclass
