@@ -278,6 +278,17 @@ def test_a_split_that_is_no_regular_file_is_an_error(tiny_config, capsys, kind):
     one_line_error(capsys, ["train", str(tiny_config)], "toy.test", "not a regular file")
 
 
+def test_a_tagging_split_that_is_a_fifo_is_named_not_read(tmp_path, capsys):
+    for name in ("train.txt", "test.txt"):
+        (tmp_path / name).write_text("the\tDT\ncat\tNN\n\n", encoding="utf-8")
+    os.mkfifo(tmp_path / "valid.txt")  # opened for reading, it would wait for a writer forever
+    config = tmp_path / "tag.yaml"
+    model = {key: value for key, value in TINY_MODEL.items() if key != "pooler"}
+    data = {"data_dir": str(tmp_path), "scheme": "none", "embedding_dim": 8}
+    config.write_text(json.dumps({"task": "tagging", "data": data, "model": model, "train": TINY_TRAIN}))
+    one_line_error(capsys, ["train", str(config), "--run-dir", str(tmp_path / "run")], "valid.txt", "a FIFO")
+
+
 def test_a_run_that_fails_before_training_leaves_no_directory(tiny_config, capsys):
     (tiny_config.parent / "data" / "toy.dev").write_text("pos\tfine\nnew-label\tbad\n", encoding="utf-8")
     one_line_error(capsys, ["train", str(tiny_config)], "toy.dev:2", "unknown label")

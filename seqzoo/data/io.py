@@ -201,7 +201,7 @@ def read_text(path: PathLike) -> str:
 def read_bytes(path: PathLike) -> bytes:
     """The undecoded content of a file (``.gz`` aware), for formats that declare their own encoding
     (XML); a file that cannot be opened or decompressed is a :class:`DataError`."""
-    path = Path(path)
+    path = require_regular(path)  # read whole: a device would never end
     with _open_binary(path) as raw:
         try:
             return raw.read()

@@ -53,7 +53,7 @@ from seqzoo.data.batching import bucket_batches, pad_batch
 from seqzoo.data.chars import build_char_vocab, encode_chars, pad_chars
 from seqzoo.data.conll import TaggedSentence, read_conll
 from seqzoo.data.errors import DataError
-from seqzoo.data.io import open_text
+from seqzoo.data.io import open_text, require_regular
 from seqzoo.data.tags import allowed_transitions, check_scheme, chunk_scores, chunks, convert, split_tag
 from seqzoo.data.text import Vocab
 from seqzoo.embedders import CHAR_KEYS, TokenEmbedder
@@ -136,7 +136,7 @@ def load_data(cfg: TaggingDataConfig) -> TaggingData:
     splits: dict[str, list[TaggedSentence]] = {}
     sources: dict[str, Path] = {}
     for split, name in zip(SPLITS, (cfg.train_file, cfg.dev_file, cfg.test_file), strict=True):
-        path = Path(cfg.data_dir) / name
+        path = require_regular(Path(cfg.data_dir) / name)  # a directory or FIFO there: named, not read
         sentences = read_conll(path, cfg.token_column, cfg.tag_column)
         if cfg.scheme != "none":
             for sentence in sentences:
