@@ -143,13 +143,15 @@ DAMAGES = {
     "weights-device": ("model.safetensors", lambda b: _link(b, "model.safetensors", "/dev/zero")),
     "vocab-device": ("vocab.json", lambda b: _link(b, "vocab.json", "/dev/zero")),
     "tokenizer-link": ("tokenizer.json", lambda b: _link(b, "tokenizer.json", str(b.parent / "secret.json"))),
+    "vocab-link": ("vocab.json", lambda b: _link(b, "vocab.json", str(b.parent / "secret.json"))),
 }
 
 
 @pytest.mark.parametrize("damage", DAMAGES, ids=list(DAMAGES))
 def test_malformed_checkpoint_files(run_copy, capsys, damage):
     name, apply = DAMAGES[damage]
-    (run_copy / "secret.json").write_text(json.dumps({"kind": SECRET, "token": SECRET}))
+    secret = {"kind": SECRET, "tokens": [SECRET], "counts": [1]}
+    (run_copy / "secret.json").write_text(json.dumps(secret))
     apply(run_copy / "best")
     line = one_line_error(capsys, ["predict", str(run_copy), "--input", os.devnull], name)
     assert SECRET not in line

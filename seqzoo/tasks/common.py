@@ -131,7 +131,8 @@ class Checkpoint:
                 raise ValueError(f"expected a JSON object, got a {type(document).__name__}")
             return parse(document)
         except ValueError as err:
-            raise DataError(f"not a valid {name}: {str(err).partition(':')[0]}", self.path / name) from None
+            reason = str(err).partition(":")[0].partition(", got")[0]  # what is wrong, not what was found
+            raise DataError(f"not a valid {name}: {reason}", self.path / name) from None
 
     def tensor(self, name: str) -> Tensor:
         """The stored weight ``name``; a :class:`DataError` naming the file where it has none."""
