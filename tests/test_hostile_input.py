@@ -324,3 +324,15 @@ def test_a_multitask_task_name_is_a_file_name():
 
     with pytest.raises(ConfigError, match=r"data\.tasks\[0\]\.name: must be a file name without a path separator"):
         load_config(None, ["task=multitask", "data.tasks=[{name: ../secret}]"])
+
+
+def test_evaluate_warns_once_about_a_cut_text(tmp_path, caplog):
+    data = write_sentiment_corpus(tmp_path / "data", sizes=(40, 12, 12))
+    with open(data / "toy.test", "a", encoding="utf-8") as handle:
+        handle.write("neg\t" + "dull " * 1001 + "\n")
+    config = write_config(tmp_path / "tiny.yaml", data)
+    assert main(["train", str(config), "--run-dir", str(tmp_path / "run")]) == 0
+    caplog.clear()
+    assert main(["evaluate", str(tmp_path / "run")]) == 0
+    cut = [r for r in caplog.records if "longer than data.max_len" in r.getMessage()]
+    assert [r.getMessage().split(":")[0] for r in cut] == ["test"], cut  # once, though the model is built twice

@@ -195,8 +195,13 @@ def restore(best: Path, build: Callable[[Checkpoint], T]) -> T:
     the meta device and its shapes compared with the stored weights', so that a config edited to
     describe a much larger model is refused before anything of its size is allocated."""
     checkpoint = Checkpoint(best)
-    with torch.device("meta"), _StayOnMeta():
-        blueprint = build(checkpoint)
+    quiet = log.disabled
+    log.disabled = True  # what building the task logs (e.g. texts cut to data.max_len) is said once, below
+    try:
+        with torch.device("meta"), _StayOnMeta():
+            blueprint = build(checkpoint)
+    finally:
+        log.disabled = quiet
     _refuse_misfit(best, blueprint.model, checkpoint.weights)  # type: ignore[attr-defined]
     task = build(checkpoint)
     load_weights(task.model, best / "model.safetensors", checkpoint.weights)  # type: ignore[attr-defined]
