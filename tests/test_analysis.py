@@ -120,3 +120,20 @@ def test_hidden_states_are_read_with_dropout_off_and_cut_at_max_len():
     states = hidden_states(task, "0 1 2 3")
     assert states.tokens == ["0", "1", "2"] and torch.equal(states.values, table[:3])
     assert task.model.training  # given back in its mode
+
+
+def test_hidden_states_of_a_model_with_character_features(tmp_path):
+    """The encoder reads the word vectors and the char-CNN features it was trained on (it failed,
+    asked for word vectors alone, where the model reads both)."""
+    data = write_sentiment_corpus(tmp_path / "data", sizes=(60, 20, 20))
+    overrides = [f"data.data_dir={data}", "data.name=toy", "data.embedding_dim=6", "model.char_encoder=cnn",
+                 "model.char_hidden_size=4", "model.encoder=gru", "model.encoder_args={hidden_size: 5}",
+                 "train.epochs=1", "train.progress=false"]  # fmt: skip
+    run(load_config(None, overrides), tmp_path / "run")
+    task = load_task(tmp_path / "run", with_data=False)
+    states = hidden_states(task, TEXT)
+    model = task.model.eval()
+    with torch.no_grad():
+        inputs = task._inputs([task._encode_text(TEXT, 1)[0]])  # ids, mask, char ids (1, T, C)
+        expected = model.encoder(model.embedding(inputs[0], inputs[2]), inputs[1])[0][0]  # (T, D)
+    assert torch.allclose(states.values, expected)

@@ -17,6 +17,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from seqzoo.data.batching import pad_batch
+from seqzoo.data.chars import encode_chars, pad_chars
 from seqzoo.encoders.base import module_mode
 from seqzoo.training.devices import model_device
 from seqzoo.training.plots import save_figure
@@ -59,8 +60,12 @@ def hidden_states(task, text: str, channels: int | None = None) -> HiddenStates:
         raise ValueError("the document has no tokens")
     ids, mask = pad_batch([task.vocab.encode(tokens)])
     device = model_device(model)
+    chars = getattr(task, "chars", None)  # the model reads character features too
+    inputs = [ids.to(device)]
+    if chars is not None:
+        inputs.append(pad_chars([encode_chars(tokens, chars)], ids.shape[1]).to(device))  # (1, T, C)
     with module_mode(model, training=False):
-        outputs, _ = model.encoder(model.embedding(ids.to(device)), mask.to(device))  # (1, T, D)
+        outputs, _ = model.encoder(model.embedding(*inputs), mask.to(device))  # (1, T, D)
     states = outputs[0].cpu()
     keep = torch.arange(states.shape[1])
     if channels is not None:
