@@ -53,3 +53,14 @@ def perturbed(module: torch.nn.Module, scale: float = 0.3) -> torch.nn.Module:
         for p in module.parameters():
             p.add_(torch.randn_like(p) * scale)
     return module
+
+
+def assert_encoder_gradcheck(encoder: torch.nn.Module, x: Tensor, mask: Tensor) -> None:
+    """float64 ``gradcheck`` (fast mode) of ``encoder``'s outputs with respect to ``x`` and every parameter."""
+    names = [name for name, _ in encoder.named_parameters()]
+    weights = tuple(p.detach().clone().requires_grad_(True) for p in encoder.parameters())
+
+    def run(x: Tensor, *weights: Tensor) -> Tensor:
+        return torch.func.functional_call(encoder, dict(zip(names, weights, strict=True)), (x, mask))[0]
+
+    assert torch.autograd.gradcheck(run, (x, *weights), fast_mode=True)

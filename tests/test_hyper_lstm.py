@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from numerics import perturbed
+from numerics import assert_encoder_gradcheck, perturbed
 
 from seqzoo import build_encoder
 from seqzoo.encoders.hyper_lstm import HyperLSTM
@@ -77,13 +77,7 @@ def test_gradcheck_in_float64(single_thread):
     encoder = perturbed(HyperLSTM(3, 4, hyper_size=3, signal_size=2).double())
     x = torch.randn(2, 3, 3, dtype=torch.float64, requires_grad=True)
     mask = torch.tensor([[True, True, True], [True, True, False]])
-    names = [name for name, _ in encoder.named_parameters()]
-    weights = tuple(p.detach().clone().requires_grad_(True) for p in encoder.parameters())
-
-    def run(x, *weights):
-        return torch.func.functional_call(encoder, dict(zip(names, weights, strict=True)), (x, mask))[0]
-
-    assert torch.autograd.gradcheck(run, (x, *weights), fast_mode=True)
+    assert_encoder_gradcheck(encoder, x, mask)
 
 
 def test_at_initialisation_every_scale_is_0_1_and_the_bias_modulation_is_zero():

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 from conftest import needs_cxx, no_eager_fallback
-from numerics import assert_all_close_to_float64, perturbed
+from numerics import assert_all_close_to_float64, assert_encoder_gradcheck, perturbed
 from torch._dynamo.utils import counters
 
 from seqzoo import build_encoder
@@ -47,13 +47,7 @@ def test_gradcheck_in_float64(single_thread):
     encoder = perturbed(MetaLSTM(3, 4, meta_size=2, z_size=2).double())
     x = torch.randn(2, 3, 3, dtype=torch.float64, requires_grad=True)
     mask = torch.tensor([[True, True, True], [True, True, False]])
-    names = [name for name, _ in encoder.named_parameters()]
-    weights = tuple(p.detach().clone().requires_grad_(True) for p in encoder.parameters())
-
-    def run(x, *weights):
-        return torch.func.functional_call(encoder, dict(zip(names, weights, strict=True)), (x, mask))[0]
-
-    assert torch.autograd.gradcheck(run, (x, *weights), fast_mode=True)
+    assert_encoder_gradcheck(encoder, x, mask)
 
 
 @pytest.mark.parametrize(
