@@ -39,7 +39,7 @@ from seqzoo.data.text import Tokenizer, Vocab
 from seqzoo.embedders import CHAR_KEYS, TokenEmbedder
 from seqzoo.encoders.base import build_encoder
 from seqzoo.heads.poolers import build_pooler
-from seqzoo.tasks.common import DEFAULT_MAX_LEN, ClassifierTask, capped, pretrained_vectors, restore
+from seqzoo.tasks.common import DEFAULT_MAX_LEN, ClassifierTask, capped, pretrained_vectors, restore, token_embedder
 from seqzoo.training.devices import resolve_device
 from seqzoo.training.registry import register_task
 
@@ -116,9 +116,9 @@ def make_batch(examples: Sequence[AspectExample], vocab: Vocab, tokenizer: Token
 class AspectSentimentClassifier(nn.Module):
     """(ids, mask, aspect_ids, aspect_mask[, sentence char ids (B, T, C)]) -> polarity logits (B, num_classes).
 
-    The sentence is embedded by a :class:`~seqzoo.embedders.TokenEmbedder` (word vectors, initially
-    ``vectors``, plus the ``char_encoder``'s features where it has one); the aspect is the mean of
-    its words' vectors from the same word table.
+    The sentence is embedded by ``embedding`` (a :class:`~seqzoo.embedders.TokenEmbedder`: word vectors, plus
+    character features where it has them; by default a plain word table); the aspect is the mean of its
+    words' vectors from the same word table.
     """
 
     def __init__(
@@ -132,20 +132,10 @@ class AspectSentimentClassifier(nn.Module):
         embedding_dropout: float = 0.0,
         pooler: str = "mean",
         *,
-        vectors: Tensor | None = None,
-        freeze_embeddings: bool = False,
-        char_encoder: Literal["none", "cnn", "lstm"] = "none",
-        num_chars: int = 0,
-        char_embedding_dim: int = 25,
-        char_hidden_size: int = 50,
-        char_kernel_size: int = 3,
+        embedding: TokenEmbedder | None = None,
     ) -> None:
         super().__init__()
-        self.embedding = TokenEmbedder(
-            vocab_size, embedding_dim, vectors=vectors, freeze=freeze_embeddings, char_encoder=char_encoder,
-            num_chars=num_chars, char_embedding_dim=char_embedding_dim, char_hidden_size=char_hidden_size,
-            char_kernel_size=char_kernel_size,
-        )  # fmt: skip
+        self.embedding = embedding or TokenEmbedder(vocab_size, embedding_dim)
         self.embedding_dropout = nn.Dropout(embedding_dropout)
         size = self.embedding.output_size
         self.encoder = build_encoder(encoder, **with_recipe_arguments(encoder_args or {}, input_size=size))
@@ -227,10 +217,11 @@ class ABSATask(ClassifierTask):
         with names_config_errors("model"):
             self.model = AspectSentimentClassifier(
                 len(self.vocab), dim, model.encoder, model.encoder_args, dropout=model.dropout,
-                embedding_dropout=model.embedding_dropout, pooler=model.pooler, vectors=vectors,
-                freeze_embeddings=data.freeze_embeddings, char_encoder=model.char_encoder,
-                num_chars=len(self.chars) if self.chars else 0, char_embedding_dim=model.char_embedding_dim,
-                char_hidden_size=model.char_hidden_size, char_kernel_size=model.char_kernel_size,
+                embedding_dropout=model.embedding_dropout, pooler=model.pooler,
+                embedding=token_embedder(
+                    model, len(self.vocab), dim, vectors=vectors, freeze=data.freeze_embeddings,
+                    num_chars=len(self.chars) if self.chars else 0,
+                ),
             )  # fmt: skip
         self.device = resolve_device(config.train.device)
         self.model.to(self.device)

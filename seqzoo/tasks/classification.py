@@ -27,7 +27,7 @@ from seqzoo.data.chars import build_char_vocab, encode_chars, pad_chars
 from seqzoo.data.classification import ClassificationData, LabeledText, LabelSet, bundled_corpus_dir
 from seqzoo.data.errors import DataError
 from seqzoo.data.text import Tokenizer, Vocab
-from seqzoo.embedders import CHAR_KEYS, TokenEmbedder
+from seqzoo.embedders import CHAR_KEYS
 from seqzoo.encoders.base import build_encoder
 from seqzoo.heads.poolers import build_pooler
 from seqzoo.tasks.common import (
@@ -37,6 +37,7 @@ from seqzoo.tasks.common import (
     capped,
     pretrained_vectors,
     restore,
+    token_embedder,
 )
 from seqzoo.training.devices import resolve_device
 from seqzoo.training.registry import register_task
@@ -100,11 +101,9 @@ class TextClassifier(nn.Module):
         num_chars: int = 0,
     ) -> None:
         super().__init__()
-        self.embedding = TokenEmbedder(
-            vocab_size, embedding_dim, vectors=vectors, freeze=freeze_embeddings, char_encoder=cfg.char_encoder,
-            num_chars=num_chars, char_embedding_dim=cfg.char_embedding_dim, char_hidden_size=cfg.char_hidden_size,
-            char_kernel_size=cfg.char_kernel_size,
-        )  # fmt: skip
+        self.embedding = token_embedder(
+            cfg, vocab_size, embedding_dim, vectors=vectors, freeze=freeze_embeddings, num_chars=num_chars
+        )
         self.embedding_dropout = nn.Dropout(cfg.embedding_dropout)
         size = self.embedding.output_size
         self.encoder = build_encoder(cfg.encoder, **with_recipe_arguments(cfg.encoder_args, input_size=size))

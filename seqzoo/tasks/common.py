@@ -15,12 +15,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from seqzoo.config import RunConfig
+from seqzoo.config import ModelConfig, RunConfig
 from seqzoo.data.batching import bucket_batches, pad_batch
 from seqzoo.data.embeddings import load_vectors
 from seqzoo.data.errors import DataError
 from seqzoo.data.io import read_json
 from seqzoo.data.text import Tokenizer, Vocab
+from seqzoo.embedders import TokenEmbedder
 from seqzoo.encoders.base import module_mode
 from seqzoo.training.checkpoint import load_tensors, load_weights
 from seqzoo.training.task import StepLoss
@@ -36,6 +37,7 @@ __all__ = [
     "epoch_seed",
     "pretrained_vectors",
     "restore",
+    "token_embedder",
 ]
 
 T = TypeVar("T")
@@ -84,6 +86,19 @@ def pretrained_vectors(
     vectors, stats = load_vectors(path, vocab)
     log.info("embeddings %s: %s", path, stats)
     return vectors.shape[1], vectors
+
+
+def token_embedder(
+    cfg: ModelConfig, vocab_size: int, embedding_dim: int, *, vectors: Tensor | None = None, freeze: bool = False,
+    num_chars: int = 0,
+) -> TokenEmbedder:  # fmt: skip
+    """The recipes' :class:`~seqzoo.embedders.TokenEmbedder`: a word table (initially ``vectors``, frozen when
+    ``freeze``) plus the character features the ``model`` config names (``num_chars``: the char vocabulary's size)."""
+    return TokenEmbedder(
+        vocab_size, embedding_dim, vectors=vectors, freeze=freeze, char_encoder=cfg.char_encoder, num_chars=num_chars,
+        char_embedding_dim=cfg.char_embedding_dim, char_hidden_size=cfg.char_hidden_size,
+        char_kernel_size=cfg.char_kernel_size,
+    )  # fmt: skip
 
 
 @torch.no_grad()

@@ -59,7 +59,7 @@ from seqzoo.data.text import Vocab
 from seqzoo.embedders import CHAR_KEYS, TokenEmbedder
 from seqzoo.encoders.base import Encoder, build_encoder, module_mode
 from seqzoo.heads.crf import CRF, DISALLOWED, viterbi
-from seqzoo.tasks.common import DEFAULT_MAX_LEN, Checkpoint, epoch_seed, pretrained_vectors, restore
+from seqzoo.tasks.common import DEFAULT_MAX_LEN, Checkpoint, epoch_seed, pretrained_vectors, restore, token_embedder
 from seqzoo.training.devices import resolve_device
 from seqzoo.training.registry import register_task
 from seqzoo.training.task import StepLoss
@@ -269,11 +269,9 @@ def build_tagger(
 ) -> Tagger:  # fmt: skip
     """A :class:`Tagger` from the ``model`` config (``encoder``: one given instead of ``model.encoder``, e.g.
     shared by the tasks of a multi-task model; its input size must be the embedder's output size)."""
-    embedding = TokenEmbedder(
-        vocab_size, embedding_dim, vectors=vectors, freeze=freeze_embeddings, char_encoder=cfg.char_encoder,
-        num_chars=num_chars, char_embedding_dim=cfg.char_embedding_dim, char_hidden_size=cfg.char_hidden_size,
-        char_kernel_size=cfg.char_kernel_size,
-    )  # fmt: skip
+    embedding = token_embedder(
+        cfg, vocab_size, embedding_dim, vectors=vectors, freeze=freeze_embeddings, num_chars=num_chars
+    )
     if encoder is None:
         encoder = build_encoder(
             cfg.encoder, **with_recipe_arguments(cfg.encoder_args, input_size=embedding.output_size)
