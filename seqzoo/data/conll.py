@@ -44,7 +44,7 @@ def read_conll(
     columns = 0  # of the first token line
     with open_text(path) as lines:
         for line in lines:
-            text = line.rstrip("\n").rstrip("\r")
+            text = line.rstrip("\n")  # LineReader ends every line in "\n" ("\r\n", "\r" included)
             if not text.strip():
                 if tokens:
                     sentences.append(TaggedSentence(tuple(tokens), tuple(tags), first_line))
