@@ -152,14 +152,13 @@ class SentenceStateCell(nn.Module):
         """New (h, c) of N words (N, H) from their gate pre-activations ``pre`` (N, G·H) and the
         cells they mix: their own, the neighbours', the global node's (and x's for ``official``)."""
         gates = pre.unflatten(-1, (-1, self.hidden_size))  # (N, G, H)
+        weights = torch.softmax(torch.sigmoid(gates[:, :5]), dim=1)  # (N, 5, H)
         if self.variant == "paper":
-            weights = torch.softmax(torch.sigmoid(gates[:, :5]), dim=1)  # i, l, r, f, s (N, 5, H)
-            i, left, right, forget, glob = weights.unbind(1)
+            i, left, right, forget, glob = weights.unbind(1)  # i, l, r, f, s
             candidate = torch.tanh(gates[:, 6])  # u
             c = left * c_left + forget * c_self + right * c_right + glob * c_global + i * candidate
         else:
-            weights = torch.softmax(torch.sigmoid(gates[:, :5]), dim=1)  # f1, f2, f3, f4, i (N, 5, H)
-            left, right, inner, glob, i = weights.unbind(1)
+            left, right, inner, glob, i = weights.unbind(1)  # f1, f2, f3, f4, i
             c = left * c_left + right * c_right + inner * x_cell + glob * c_global + i * c_self
         return torch.sigmoid(gates[:, 5]) * torch.tanh(c), c  # h = o ⊙ tanh(c)
 
@@ -193,13 +192,15 @@ class SentenceStateCell(nn.Module):
         if in_place:
             h, c = h.clone(), c.clone()  # the caller's tensors stay as they were
         forget_pre = self.word_forget(h)  # U_f h_i + b_f (B, T, H), refreshed only where h changes
+        if dense:  # every position, the same at every step
+            sentence = torch.arange(batch * time, device=h.device) // time  # (B·T,) batch row of each position
         for step in range(num_steps):
             active = mask if updates is None else mask & (updates > step)  # (B, T)
             new_g, new_c_g = self.global_update(h, c, g, c_g, forget_pre, mask)
             rows = None if dense else active.flatten().nonzero().squeeze(1)  # (N,) flat indices b·T + t
             window, c_left, c_right = self.windows(h, c, rows)  # (N, ·)
-            positions = torch.arange(batch * time, device=h.device) if dense else rows
-            sentence = positions // time  # (N,) batch row of each word
+            if not dense:
+                sentence = rows // time  # (N,) batch row of each word
 
             def take(t: Tensor, rows: Tensor | None = rows) -> Tensor:
                 flat = t.reshape(batch * time, -1)  # (B·T, ·)
