@@ -48,9 +48,9 @@ def pad_chars(texts: Sequence[CharIds], num_words: int | None = None) -> torch.T
         num_words = longest
     elif longest > num_words:
         raise ValueError(f"a text has {longest} words, more than the batch's {num_words}")
-    chars = max((len(word) for words in texts for word in words), default=0)
-    ids = torch.zeros(len(texts), num_words, max(chars, 1), dtype=torch.long)  # (B, T, C)
-    for row, words in enumerate(texts):
-        for position, word in enumerate(words):
-            ids[row, position, : len(word)] = torch.as_tensor(word, dtype=torch.long)
-    return ids
+    chars = max(1, max((len(word) for words in texts for word in words), default=0))
+    pad_word = [0] * chars
+    padded = [
+        [[*word, *pad_word[len(word) :]] for word in words] + [pad_word] * (num_words - len(words)) for words in texts
+    ]
+    return torch.tensor(padded, dtype=torch.long).view(len(texts), num_words, chars)  # (B, T, C)

@@ -165,12 +165,13 @@ def _prepare_stage(model: nn.Module, stage: StageConfig, source: Path) -> dict[s
         if best is None:
             raise ConfigError(f"stage {stage.name}: init_from {stage.init_from}: {source} has no best/ checkpoint")
         report = {"from": str(best), **initialise(model, best)}
-    frozen = [name for name, p in model.named_parameters() if name.startswith(tuple(stage.freeze))]
+    frozen = []
+    for name, parameter in model.named_parameters():
+        if name.startswith(tuple(stage.freeze)):
+            parameter.requires_grad_(False)
+            frozen.append(name)
     if stage.freeze and not frozen:
         raise ConfigError(f"stage {stage.name}: freeze {stage.freeze} matches no parameter of the model")
-    for name, parameter in model.named_parameters():
-        if name in frozen:
-            parameter.requires_grad_(False)
     if frozen:
         log.info("stage %s: %d parameters frozen (%s)", stage.name, len(frozen), ", ".join(stage.freeze))
     return {**report, "frozen": frozen}
