@@ -328,14 +328,10 @@ class MultiTask:
             train = [self._tokens(ex.text, name) for name, splits in texts.items() for ex in splits["train"]]
             vocab = Vocab.build(train, min_freq=data.min_freq, max_size=data.max_vocab)
         self.vocab, self.labels = vocab, {name: labels[name] for name in self.subtasks}
-        unk = [self.vocab.token_to_id(Vocab.UNK)]
         self.encoded = {  # {task: {split: [(ids, label)]}}
             name: {
                 split: [
-                    (
-                        self.vocab.encode(self._tokens(ex.text, name)) or unk,
-                        self.labels[name].encode(ex.label, ex.path, ex.line),
-                    )
+                    (self._encode(ex.text, name), self.labels[name].encode(ex.label, ex.path, ex.line))
                     for ex in examples
                 ]
                 for split, examples in texts[name].items()
@@ -360,6 +356,10 @@ class MultiTask:
                 limit = sub.max_len
         tokens = self.tokenizer(text)
         return tokens[:limit] if limit else tokens
+
+    def _encode(self, text: str, task: str) -> list[int]:
+        """The word ids of ``text`` as ``task`` cuts it (an empty text: one unknown word)."""
+        return self.vocab.encode(self._tokens(text, task)) or [self.vocab.token_to_id(Vocab.UNK)]
 
     def _inputs(self, rows: Sequence[list[int]]) -> tuple[Tensor, Tensor]:
         ids, mask = pad_batch(list(rows), self.vocab.pad_id)  # (B, T)
@@ -440,7 +440,7 @@ class MultiTask:
             task = names[0]
         if task not in self.subtasks:
             raise ConfigError(f"a multi-task model classifies for a task: name one of {', '.join(names)} (--task)")
-        rows = [self.vocab.encode(self._tokens(text, task)) or [self.vocab.token_to_id(Vocab.UNK)] for text in texts]
+        rows = [self._encode(text, task) for text in texts]
         results: list[dict[str, Any]] = []
         size = self.config.train.eval_batch_size
         with module_mode(self.model, training=False):

@@ -412,12 +412,9 @@ class TaggingTask:
         chars = None if self.chars is None else pad_chars([e.chars for e in examples], ids.shape[1]).to(self.device)
         return ids.to(self.device), mask.to(self.device), chars
 
-    def _targets(self, examples: Sequence[_Encoded], length: int) -> Tensor:
+    def _targets(self, examples: Sequence[_Encoded]) -> Tensor:
         """Tag indices (B, T), -1 at pads (and at a kept unseen gold tag)."""
-        targets = torch.full((len(examples), length), -1, dtype=torch.long)
-        for row, e in enumerate(examples):
-            targets[row, : len(e.tags)] = torch.tensor(e.tags, dtype=torch.long)
-        return targets.to(self.device)
+        return pad_batch([e.tags for e in examples], -1)[0].to(self.device)
 
     def _batches(self, split: str, size: int, seed: int | None = None) -> list[list[int]]:
         lengths = [len(e.ids) for e in self.encoded[split]]
@@ -429,7 +426,7 @@ class TaggingTask:
     def train_loss(self, batch: list[int]) -> StepLoss:
         examples = [self.encoded["train"][i] for i in batch]
         ids, mask, chars = self._inputs(examples)
-        loss = self.model(ids, mask, chars, self._targets(examples, ids.shape[1])) / len(batch)
+        loss = self.model(ids, mask, chars, self._targets(examples)) / len(batch)
         return StepLoss.plus(loss, self.model.auxiliary_loss(), int(mask.sum()), len(batch))
 
     # -- evaluation and prediction ------------------------------------------------------------------------
@@ -450,7 +447,7 @@ class TaggingTask:
             probs = [row[:n] for row, n in zip(head.confidence(emissions, mask, paths).tolist(), lengths, strict=True)]
         total = 0.0
         if loss:
-            targets = self._targets(examples, ids.shape[1])
+            targets = self._targets(examples)
             whole = ~((targets < 0) & mask).any(1)  # (B,)
             if whole.any():
                 total = float(head.nll(emissions[whole], targets[whole], mask[whole]).sum())
