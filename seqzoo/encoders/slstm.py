@@ -121,15 +121,15 @@ class SentenceStateCell(nn.Module):
         return torch.cat([near(h, 0), left_h, right_h], dim=-1), left_c, right_c
 
     def global_update(
-        self, h: Tensor, c: Tensor, g: Tensor, c_g: Tensor, forget_pre: Tensor, mask: Tensor
+        self, h: Tensor, c: Tensor, g: Tensor, c_g: Tensor, forget_pre: Tensor, mask: Tensor, count: Tensor
     ) -> tuple[Tensor, Tensor]:
         """The global node's step (MODELS.md 2.1 "Global node") from the previous states.
 
         ``forget_pre`` (B, T, H) is ``U_f h_i + b_f`` of the current word states (cached by
-        :meth:`run`, so frozen words are not recomputed); h and c are zero at pads.
+        :meth:`run`, so frozen words are not recomputed); h and c are zero at pads. ``count`` (B, 1)
+        is the number of real words per row, at least 1 (an empty row keeps g's own cell).
         """
-        count = mask.sum(1, keepdim=True).clamp(min=1).to(h.dtype)  # (B, 1); an empty row keeps g's own cell
-        mean = h.sum(1) / count  # h̄ over the real words (B, H)
+        mean = h.sum(1) / count.to(h.dtype)  # h̄ over the real words (B, H)
         on_g, out_g, forget_g = self.global_gates(g).chunk(3, dim=-1)  # W_g g, W_o g, W_f g (B, H) each
         on_mean, out_mean = self.mean_gates(mean).chunk(2, dim=-1)  # U_g h̄ + b_g, U_o h̄ + b_o
         gate_g = torch.sigmoid(on_g + on_mean)  # f̂_g (B, H)
@@ -192,11 +192,12 @@ class SentenceStateCell(nn.Module):
         if in_place:
             h, c = h.clone(), c.clone()  # the caller's tensors stay as they were
         forget_pre = self.word_forget(h)  # U_f h_i + b_f (B, T, H), refreshed only where h changes
+        count = mask.sum(1, keepdim=True).clamp(min=1)  # (B, 1) real words, for h̄
         if dense:  # every position, the same at every step
             sentence = torch.arange(batch * time, device=h.device) // time  # (B·T,) batch row of each position
         for step in range(num_steps):
             active = mask if updates is None else mask & (updates > step)  # (B, T)
-            new_g, new_c_g = self.global_update(h, c, g, c_g, forget_pre, mask)
+            new_g, new_c_g = self.global_update(h, c, g, c_g, forget_pre, mask, count)
             rows = None if dense else active.flatten().nonzero().squeeze(1)  # (N,) flat indices b·T + t
             window, c_left, c_right = self.windows(h, c, rows)  # (N, ·)
             if not dense:
