@@ -323,6 +323,7 @@ class MultiTask:
         self.config = config
         data: MultiTaskDataConfig = config.data
         self.subtasks = {sub.name: sub for sub in data.active_tasks()}
+        self._max_lens = {sub.name: sub.max_len for sub in data.tasks if sub.max_len is not None}
         self.tokenizer = tokenizer or Tokenizer(lowercase=data.lowercase, split_hyphens=data.split_hyphens)
         if vocab is None:
             train = [self._tokens(ex.text, name) for name, splits in texts.items() for ex in splits["train"]]
@@ -350,10 +351,7 @@ class MultiTask:
         self.model.to(self.device)
 
     def _tokens(self, text: str, task: str) -> list[str]:
-        limit = self.config.data.max_len
-        for sub in self.config.data.tasks:
-            if sub.name == task and sub.max_len is not None:
-                limit = sub.max_len
+        limit = self._max_lens.get(task, self.config.data.max_len)
         tokens = self.tokenizer(text)
         return tokens[:limit] if limit else tokens
 
