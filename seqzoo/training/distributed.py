@@ -178,9 +178,10 @@ def replicate(model: nn.Module, find_unused_parameters: bool) -> nn.Module:
     device = next(model.parameters()).device
     ids = [device] if device.type == "cuda" else None
     # The option's name since torch 2.13 (broadcast_buffers before it, now deprecated).
-    sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(_Replicated).parameters else None
-    no_sync = {sync or "broadcast_buffers": False}
-    return _Replicated(model, device_ids=ids, find_unused_parameters=find_unused_parameters, **no_sync)
+    sync = "forward_sync_buffers"
+    if sync not in inspect.signature(_Replicated).parameters:
+        sync = "broadcast_buffers"
+    return _Replicated(model, device_ids=ids, find_unused_parameters=find_unused_parameters, **{sync: False})
 
 
 def launch(nproc: int, argv: list[str]) -> int:
