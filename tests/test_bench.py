@@ -183,21 +183,20 @@ _BASE = {"fwd": 0.5, "fwd_bwd": 2.0, "gemm": 1.0, "pool": 0.25, "fused_pool": 0.
 
 
 def _fake_timers(monkeypatch, warmup_s=100.0):
-    made = {}
+    made, now = {}, [0.0]
+    monkeypatch.setattr(bench_pkg, "time", types.SimpleNamespace(perf_counter=lambda: now[0], process_time=lambda: 0.0))
 
-    def fake_timer(fn, device, precision):
+    def fake_case(fn, device, precision):
         name, calls = fn.__name__, [0]
         made.setdefault(name, []).append((fn, precision))
 
-        def run():
+        def run():  # moves the clock on by the case's seconds
             calls[0] += 1
-            if calls[0] == 1:
-                return warmup_s
-            return _BASE[name] * (1, 2, 6)[(calls[0] - 2) % 3]
+            now[0] += warmup_s if calls[0] == 1 else _BASE[name] * (1, 2, 6)[(calls[0] - 2) % 3]
 
         return run
 
-    monkeypatch.setattr(enc_bench, "_timer", fake_timer)
+    monkeypatch.setattr(enc_bench, "_under_autocast", fake_case)
     return made
 
 
@@ -304,10 +303,30 @@ def test_sgemm_rate_is_two_n_cubed_over_the_best_run(monkeypatch):
     assert bench_pkg.sgemm_flops_per_s(size=8, repeats=3) == 2 * 8**3 / 1.0
 
 
+def test_time_cases_runs_the_cases_round_robin_and_keeps_the_runs_after_warmup(monkeypatch):
+    """Each round runs every case once, in turn; both clocks are read around each run, the warm-up dropped."""
+    wall, cpu, order = [0.0], [0.0], []
+    clock = types.SimpleNamespace(perf_counter=lambda: wall[0], process_time=lambda: cpu[0])
+    monkeypatch.setattr(bench_pkg, "time", clock)
+
+    def case(name, seconds):
+        def run():
+            order.append(name)
+            wall[0] += seconds
+            cpu[0] += 2 * seconds
+
+        return run
+
+    timings = bench_pkg.time_cases({"a": case("a", 1.0), "b": case("b", 3.0)}, repeats=2, warmup=1)
+    assert order == ["a", "b"] * 3
+    assert timings["a"] == bench_pkg.Timings(wall=[1.0, 1.0], cpu=[2.0, 2.0]) and timings["b"].median == 3.0
+
+
 def test_mzu_step_time_is_the_median_of_the_timed_steps_after_warmup(monkeypatch):
     """The median of the timed steps, the warm-up step not timed."""
-    ticks = iter([0.0, 10.0, 11.0, 20.0, 22.0, 30.0, 36.0, 50.0, 60.0])  # steps 1..3 take 1, 2, 6 s
-    monkeypatch.setattr(mzu_bench, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    ticks = iter([0.0, 10.0, 10.0, 11.0, 20.0, 22.0, 30.0, 36.0])  # warm-up 10 s, then steps of 1, 2, 6 s
+    clock = types.SimpleNamespace(perf_counter=lambda: next(ticks), process_time=lambda: 0.0)
+    monkeypatch.setattr(bench_pkg, "time", clock)
     lm = mzu_bench._CharLM(build_encoder("gru", mzu_bench.EMBEDDING, hidden_size=4))
     assert mzu_bench._time_training(lm, batch=2, bptt=3, repeats=3) == 2.0
 

@@ -1,9 +1,18 @@
 """Benchmarks run as ``seqzoo bench <name>``: each module here has ``main(argv) -> int``."""
 
+from __future__ import annotations
+
 import argparse
+import json
+import statistics
 import time
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
+
+Key = TypeVar("Key", bound=Hashable)
 
 
 def _int_at_least(text: str, minimum: int) -> int:
@@ -74,3 +83,63 @@ def sgemm_flops_per_s(size: int | None = None, repeats: int = 5, device: torch.d
         synchronize(device)
         best = min(best, time.perf_counter() - start)
     return 2 * size**3 / best
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Seconds of one case's timed runs, in order: ``wall`` by the host clock, ``cpu`` by this
+    process's CPU time (all its threads: less sensitive than the wall clock to other processes)."""
+
+    wall: list[float]
+    cpu: list[float]
+
+    @property
+    def median(self) -> float:
+        """The median wall-clock seconds."""
+        return statistics.median(self.wall)
+
+
+def time_cases(
+    cases: Mapping[Key, Callable[[], object]], repeats: int, warmup: int, device: torch.device | None = None
+) -> dict[Key, Timings]:
+    """Time each case over ``warmup + repeats`` rounds, keeping the last ``repeats``. A round runs
+    every case once, in turn (round-robin: load from other processes hits all cases alike). With a
+    ``device``, its queued work is waited for before and after each run (:func:`synchronize`)."""
+    timings = {key: Timings([], []) for key in cases}
+    for i in range(warmup + repeats):
+        for key, run in cases.items():
+            if device is not None:
+                synchronize(device)
+            start_cpu = time.process_time()
+            start = time.perf_counter()
+            run()
+            if device is not None:
+                synchronize(device)
+            wall = time.perf_counter() - start
+            cpu = time.process_time() - start_cpu
+            if i >= warmup:
+                timings[key].wall.append(wall)
+                timings[key].cpu.append(cpu)
+    return timings
+
+
+def add_timing_arguments(parser: argparse.ArgumentParser, *, warmup: int, per: str = "measurement") -> None:
+    """The options every timing benchmark shares: ``--repeats``, ``--warmup``, ``--threads`` and ``--json``."""
+    parser.add_argument("--repeats", type=positive_int, default=5, help=f"timed runs per {per} (median)")
+    first = f"untimed runs first (default {warmup})"
+    parser.add_argument("--warmup", type=non_negative_int, default=warmup, help=first)
+    parser.add_argument("--threads", type=positive_int, default=2, help="torch.set_num_threads (default 2)")
+    parser.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
+
+
+def print_rows(rows: Iterable[dict], as_json: bool, table: Callable[[list[dict]], str]) -> list[dict]:
+    """Print each row as one JSON line as soon as it comes (``as_json``), or else all rows as one
+    ``table`` at the end; returns the rows."""
+    done = []
+    for row in rows:
+        done.append(row)
+        if as_json:
+            print(json.dumps(row), flush=True)
+    if not as_json:
+        print(table(done))
+    return done

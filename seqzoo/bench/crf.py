@@ -17,13 +17,12 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from seqzoo.bench import non_negative_int, positive_int, shapes_arg
+from seqzoo.bench import non_negative_int, positive_int, shapes_arg, time_cases
 from seqzoo.heads.crf import CRF
 
 __all__ = ["build_parser", "main", "measure"]
@@ -71,14 +70,7 @@ def measure(shape: tuple[int, int, int], variant: str, repeats: int, warmup: int
     cases = {
         (name, kind): fn for name, model in models.items() for kind, fn in _cases(model, emissions, tags, mask).items()
     }
-    samples: dict[tuple[str, str], list[float]] = {key: [] for key in cases}
-    for i in range(warmup + repeats):
-        for key, run in cases.items():
-            start = time.perf_counter()
-            run()
-            elapsed = time.perf_counter() - start
-            if i >= warmup:
-                samples[key].append(elapsed)
+    samples = {key: timings.wall for key, timings in time_cases(cases, repeats, warmup).items()}
     tokens = int(mask.sum())
     batch, seq_len, num_tags = shape
     row: dict = {"batch": batch, "seq_len": seq_len, "tags": num_tags, "lengths": variant, "tokens": tokens}

@@ -28,14 +28,13 @@ import json
 import random
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-from seqzoo.bench import non_negative_int, positive_int, shape_arg
+from seqzoo.bench import non_negative_int, positive_int, shape_arg, time_cases
 from seqzoo.encoders.base import build_encoder
 from seqzoo.encoders.dagrn import DAGRN
 
@@ -85,15 +84,8 @@ def _batches(lengths: list[int], batch: int, size: int) -> list[tuple[Tensor, Te
 def _median_times(cases: dict[str, Callable[[], None]], repeats: int, warmup: int) -> dict[str, float]:
     """Median wall-clock seconds of each case (``key``) and median CPU seconds of this process
     (``key + "_cpu"``, all its threads: less sensitive than the wall clock to other processes)."""
-    samples: dict[str, list[float]] = {key: [] for name in cases for key in (name, name + "_cpu")}
-    for i in range(warmup + repeats):
-        for key, run in cases.items():  # round-robin: load from other processes hits all cases alike
-            start, start_cpu = time.perf_counter(), time.process_time()
-            run()
-            if i >= warmup:
-                samples[key].append(time.perf_counter() - start)
-                samples[key + "_cpu"].append(time.process_time() - start_cpu)
-    return {key: statistics.median(times) for key, times in samples.items()}
+    timings = time_cases(cases, repeats, warmup).items()
+    return {key + end: statistics.median(times) for key, t in timings for end, times in (("", t.wall), ("_cpu", t.cpu))}
 
 
 def _stack_calls(model: DAGRN, batches: list[tuple[Tensor, Tensor]]) -> list[tuple[tuple, dict]]:

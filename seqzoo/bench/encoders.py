@@ -31,16 +31,21 @@ narrowing of d(gates).
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
-import time
 from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
-from seqzoo.bench import device_arg, non_negative_int, positive_int, sgemm_flops_per_s, shapes_arg, synchronize
+from seqzoo.bench import (
+    add_timing_arguments,
+    device_arg,
+    positive_int,
+    print_rows,
+    sgemm_flops_per_s,
+    shapes_arg,
+    time_cases,
+)
 from seqzoo.config import ConfigError
 from seqzoo.encoders.base import available_encoders, build_encoder
 from seqzoo.encoders.qrnn import QRNN
@@ -85,19 +90,17 @@ class _TimeFirst(nn.Module):
         return out.transpose(0, 1), state
 
 
-def _timer(fn: Callable[[], object], device: torch.device, precision: str) -> Callable[[], float]:
-    def run() -> float:
-        synchronize(device)
-        start = time.perf_counter()
+def _under_autocast(fn: Callable[[], object], device: torch.device, precision: str) -> Callable[[], None]:
+    """``fn`` under autocast in ``precision``: the case :func:`measure` times."""
+
+    def run() -> None:
         with autocast(precision, device):
             fn()
-        synchronize(device)
-        return time.perf_counter() - start
 
     return run
 
 
-def _encoder_cases(model: nn.Module, x: Tensor, precision: str) -> dict[str, Callable[[], float]]:
+def _encoder_cases(model: nn.Module, x: Tensor, precision: str) -> dict[str, Callable[[], None]]:
     device = x.device
     params = [p for p in model.parameters() if p.requires_grad]
     x_grad = x.detach().requires_grad_(True)
@@ -113,10 +116,10 @@ def _encoder_cases(model: nn.Module, x: Tensor, precision: str) -> dict[str, Cal
         out = model(x_grad)[0]
         torch.autograd.grad(out, [x_grad, *params], grad_out)
 
-    return {"fwd": _timer(fwd, device, precision), "fwd_bwd": _timer(fwd_bwd, device, precision)}
+    return {"fwd": _under_autocast(fwd, device, precision), "fwd_bwd": _under_autocast(fwd_bwd, device, precision)}
 
 
-def _qrnn_cases(model: QRNN, x: Tensor, precision: str) -> dict[str, Callable[[], float]]:
+def _qrnn_cases(model: QRNN, x: Tensor, precision: str) -> dict[str, Callable[[], None]]:
     """The GEMM bound of the QRNN projection and the fused pooling alone, on the same shapes."""
     layer = model.layers[0][0]
     batch, seq_len, _ = x.shape
@@ -169,7 +172,7 @@ def _qrnn_cases(model: QRNN, x: Tensor, precision: str) -> dict[str, Callable[[]
         torch.autograd.grad((h, c), half, (grad_h, grad_c))
 
     pooling = half_pool if half is not None else fused_pool if fused else pool
-    return {"gemm": _timer(gemm, device, precision), "pool": _timer(pooling, device, "fp32")}
+    return {"gemm": _under_autocast(gemm, device, precision), "pool": _under_autocast(pooling, device, "fp32")}
 
 
 def measure(
@@ -188,7 +191,7 @@ def measure(
     device = torch.device(device)
     torch.manual_seed(0)
     x = torch.randn(batch, seq_len, hidden).to(device)
-    cases: dict[tuple[str, str], Callable[[], float]] = {}
+    cases: dict[tuple[str, str], Callable[[], None]] = {}
     qrnn_layer = None
     for name in encoders:
         model = _build(name, hidden, window, pooling).to(device)
@@ -198,16 +201,11 @@ def measure(
             qrnn_layer = model.layers[0][0]
             for kind, run in _qrnn_cases(model, x, precision).items():
                 cases[name, kind] = run
-    samples: dict[tuple[str, str], list[float]] = {key: [] for key in cases}
-    for i in range(warmup + repeats):
-        for key, run in cases.items():
-            elapsed = run()
-            if i >= warmup:
-                samples[key].append(elapsed)
+    timings = time_cases(cases, repeats, warmup, device)
     tokens = batch * seq_len
 
     def seconds(name: str, kind: str) -> float:
-        return statistics.median(samples[name, kind])
+        return timings[name, kind].median
 
     rows = []
     for name in encoders:
@@ -266,12 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--shapes", type=shapes_arg, default=DEFAULT_SHAPES, help="comma-separated BxTxH (input size = H)"
     )
-    parser.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
     parser.add_argument("--qrnn-window", type=positive_int, default=1, help="QRNN filter width k (default 1)")
     parser.add_argument("--qrnn-pooling", choices=("f", "fo", "ifo"), default="fo", help="QRNN pooling (default fo)")
-    parser.add_argument("--repeats", type=positive_int, default=5, help="timed runs per measurement (median)")
-    parser.add_argument("--warmup", type=non_negative_int, default=2, help="untimed runs first (default 2)")
-    parser.add_argument("--threads", type=positive_int, default=2, help="torch.set_num_threads (default 2)")
+    add_timing_arguments(parser, warmup=2)
     parser.add_argument("--device", type=device_arg, default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--tf32", action="store_true", help="on CUDA: TF32 matmuls in cuBLAS and cuDNN alike")
     parser.add_argument(
@@ -312,9 +307,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32
     tf32 = {"tf32": args.tf32} if args.device.type == "cuda" else {}
-    rows = []
     sgemm = round(sgemm_flops_per_s(device=args.device) / 1e9, 1)  # the rate a GEMM-bound QRNN follows
-    for shape in args.shapes:
+    measured = (
+        row
+        for shape in args.shapes
         for row in measure(
             encoders,
             shape,
@@ -325,12 +321,9 @@ def main(argv: list[str] | None = None) -> int:
             args.qrnn_pooling,
             args.device,
             args.precision,
-        ):
-            rows.append({**row, **tf32, "sgemm_gflops": sgemm})
-            if args.json:
-                print(json.dumps(rows[-1]), flush=True)
-    if not args.json:
-        print(_table(rows))
+        )
+    )
+    print_rows(({**row, **tf32, "sgemm_gflops": sgemm} for row in measured), args.json, _table)
     return 0
 
 

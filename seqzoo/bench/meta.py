@@ -20,16 +20,13 @@ time over the row's own (above 1: the row's model is that many times faster).
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
-import time
 from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
-from seqzoo.bench import non_negative_int, positive_int
+from seqzoo.bench import add_timing_arguments, positive_int, print_rows, time_cases
 from seqzoo.encoders.base import build_encoder
 from seqzoo.encoders.hyper_lstm import HyperLSTM
 from seqzoo.encoders.meta_lstm import MetaLSTM, materialized_reference
@@ -53,16 +50,14 @@ def _models(args: argparse.Namespace) -> dict[str, tuple[nn.Module, Callable[[Te
     }
 
 
-def _fwd_bwd(module: nn.Module, forward: Callable[[Tensor], Tensor], x: Tensor) -> Callable[[], float]:
-    """A timer of one forward + backward (input and parameter gradients): seconds."""
+def _fwd_bwd(module: nn.Module, forward: Callable[[Tensor], Tensor], x: Tensor) -> Callable[[], None]:
+    """One forward + backward (input and parameter gradients), to be timed."""
     params = [p for p in module.parameters() if p.requires_grad]
     x = x.detach().requires_grad_(True)
     grad_out = torch.randn_like(forward(x).detach())
 
-    def run() -> float:
-        start = time.perf_counter()
+    def run() -> None:
         torch.autograd.grad(forward(x), [x, *params], grad_out)
-        return time.perf_counter() - start
 
     return run
 
@@ -71,14 +66,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
     """One row per model (module docstring)."""
     models = _models(args)
     x = torch.randn(args.batch, args.seq_len, args.input_size, generator=torch.Generator().manual_seed(1))
-    timers = {name: _fwd_bwd(module, forward, x) for name, (module, forward) in models.items()}
-    samples: dict[str, list[float]] = {name: [] for name in timers}
-    for i in range(args.warmup + args.repeats):
-        for name, run in timers.items():
-            elapsed = run()
-            if i >= args.warmup:
-                samples[name].append(elapsed)
-    seconds = {name: statistics.median(times) for name, times in samples.items()}
+    cases = {name: _fwd_bwd(module, forward, x) for name, (module, forward) in models.items()}
+    seconds = {name: timings.median for name, timings in time_cases(cases, args.repeats, args.warmup).items()}
     tokens = args.batch * args.seq_len
     return [
         {
@@ -123,22 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--z-size", type=positive_int, default=None, help="meta vector z (default m)")
     parser.add_argument("--hyper-size", type=positive_int, default=128, help="HyperLSTM hyper cell (default 128)")
     parser.add_argument("--signal-size", type=positive_int, default=16, help="HyperLSTM signal N_z (default 16)")
-    parser.add_argument("--repeats", type=positive_int, default=5, help="timed runs per model (median)")
-    parser.add_argument("--warmup", type=non_negative_int, default=2, help="untimed runs first (default 2)")
-    parser.add_argument("--threads", type=positive_int, default=2, help="torch.set_num_threads (default 2)")
-    parser.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
+    add_timing_arguments(parser, warmup=2, per="model")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
-    rows = measure(args)
-    if args.json:
-        for row in rows:
-            print(json.dumps(row), flush=True)
-    else:
-        print(_table(rows))
+    print_rows(measure(args), args.json, _table)
     return 0
 
 

@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from seqzoo.bench import device_arg, positive_int, sgemm_flops_per_s, synchronize
+from seqzoo.bench import device_arg, positive_int, sgemm_flops_per_s, time_cases
 from seqzoo.encoders.base import Encoder, detach_state
 from seqzoo.encoders.dtgru import DeepTransitionGRU
 from seqzoo.encoders.mzu import MZU
@@ -100,12 +98,12 @@ def _time_training(lm: _CharLM, batch: int, bptt: int, repeats: int) -> float:
     optimizer = torch.optim.Adam(lm.parameters(), lr=1e-3)
     device = lm.decoder.weight.device
     gen = torch.Generator().manual_seed(0)
+    batches = iter([torch.randint(VOCAB, (batch, bptt + 1), generator=gen).to(device) for _ in range(repeats + 1)])
     state = None
-    times = []
-    for i in range(repeats + 1):
-        chars = torch.randint(VOCAB, (batch, bptt + 1), generator=gen).to(device)
-        synchronize(device)
-        start = time.perf_counter()
+
+    def step() -> None:
+        nonlocal state
+        chars = next(batches)
         outputs, state = lm.encoder(lm.embedding(chars[:, :-1]), state=state)
         loss = F.cross_entropy(lm.decoder(outputs).flatten(0, 1), chars[:, 1:].flatten())
         aux = lm.encoder.auxiliary_loss()
@@ -116,10 +114,8 @@ def _time_training(lm: _CharLM, batch: int, bptt: int, repeats: int) -> float:
         torch.nn.utils.clip_grad_norm_(lm.parameters(), 5.0)
         optimizer.step()
         state = detach_state(state)
-        synchronize(device)
-        if i:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+
+    return time_cases({"step": step}, repeats, warmup=1, device=device)["step"].median
 
 
 def build_parser() -> argparse.ArgumentParser:
