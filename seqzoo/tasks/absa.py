@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from seqzoo.config import RunConfig, names_config_errors, require_ranges, with_recipe_arguments
 from seqzoo.data.absa import POLARITIES, AspectExample, hard_subset, hold_out_sentences, read_semeval2014
 from seqzoo.data.batching import pad_batch
-from seqzoo.data.chars import build_char_vocab, encode_chars, pad_chars
+from seqzoo.data.chars import build_char_vocab
 from seqzoo.data.errors import DataError
 from seqzoo.data.text import Tokenizer, Vocab
 from seqzoo.embedders import CHAR_KEYS, TokenEmbedder
@@ -207,8 +207,6 @@ class ABSATask(ClassifierTask):
             vocab = Vocab.build([self.tokenizer(e.text) for e in splits["train"]], min_freq=data.min_freq)
         self.vocab = vocab
         model = config.model
-        #: The character vocabulary, when the model reads character features (else None).
-        self.chars = None
         if model.char_encoder != "none":
             self.chars = chars or build_char_vocab(self.tokenizer(e.text) for e in splits["train"])
         # Encoded once: batches only pad (the data never changes between epochs).
@@ -257,21 +255,6 @@ class ABSATask(ClassifierTask):
             )
             for tokens, e in zip(sentences, examples, strict=True)
         ]
-
-    def _with_chars(self, sequences: tuple[Any, ...], tokens: list[str]) -> tuple[Any, ...]:
-        """``sequences``, then the char ids of the sentence's ``tokens`` when the model reads character
-        features (a sentence without tokens, whose ids are one ``<unk>``, is one word without characters)."""
-        if self.chars is None:
-            return sequences
-        return (*sequences, encode_chars(tokens, self.chars) or [[]])
-
-    def _inputs(self, sequences: Sequence[tuple[Any, ...]]) -> list[Tensor]:
-        """The ids and masks of :meth:`ClassifierTask._inputs`, then the sentence's char ids (B, T, C)
-        where the model reads them (each example's last sequence, from :meth:`_with_chars`)."""
-        if self.chars is None:
-            return super()._inputs(sequences)
-        inputs = super()._inputs([s[:-1] for s in sequences])
-        return [*inputs, pad_chars([s[-1] for s in sequences], inputs[0].shape[1]).to(self.device)]
 
     def documents(self) -> dict[str, Any]:
         chars = {} if self.chars is None else {"chars.json": self.chars.to_dict()}

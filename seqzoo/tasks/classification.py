@@ -7,7 +7,7 @@ turns the run into k-fold cross-validation (``data.folds``), one sub-run per fol
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from seqzoo.config import (
     require_ranges,
     with_recipe_arguments,
 )
-from seqzoo.data.chars import build_char_vocab, encode_chars, pad_chars
+from seqzoo.data.chars import build_char_vocab
 from seqzoo.data.classification import ClassificationData, LabeledText, LabelSet, bundled_corpus_dir
 from seqzoo.data.errors import DataError
 from seqzoo.data.text import Tokenizer, Vocab
@@ -169,7 +169,6 @@ class ClassificationTask(ClassifierTask):
             )
             for name, split in splits.items()
         }
-        #: The character vocabulary, when the model reads character features (else None).
         self.chars = None if config.model.char_encoder == "none" else chars or build_char_vocab(tokens["train"])
         self.encoded = {
             name: [(self._with_chars((ids,), t), y) for ids, y, t in zip(s.ids, s.labels, tokens[name], strict=True)]
@@ -196,19 +195,6 @@ class ClassificationTask(ClassifierTask):
     def _encode_text(self, text: str, line: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
         tokens = self._tokens(text)
         return self._with_chars((self.vocab.encode(tokens) or [self.vocab.token_to_id(Vocab.UNK)],), tokens), {}
-
-    def _with_chars(self, sequences: tuple[Any, ...], tokens: list[str]) -> tuple[Any, ...]:
-        """``sequences``, then the char ids of ``tokens`` when the model reads character features (a text
-        without tokens, whose ids are one ``<unk>``, is one word without characters)."""
-        return sequences if self.chars is None else (*sequences, encode_chars(tokens, self.chars) or [[]])
-
-    def _inputs(self, sequences: Sequence[tuple[Any, ...]]) -> list[Tensor]:
-        """The ids and masks of :meth:`ClassifierTask._inputs`, then the char ids (B, T, C) where the model
-        reads them (each example's last sequence, from :meth:`_with_chars`)."""
-        if self.chars is None:
-            return super()._inputs(sequences)
-        inputs = super()._inputs([s[:-1] for s in sequences])
-        return [*inputs, pad_chars([s[-1] for s in sequences], inputs[0].shape[1]).to(self.device)]
 
     def documents(self) -> dict[str, Any]:
         chars = {} if self.chars is None else {"chars.json": self.chars.to_dict()}

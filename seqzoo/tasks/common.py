@@ -17,6 +17,7 @@ from torch.overrides import TorchFunctionMode
 
 from seqzoo.config import ModelConfig, RunConfig
 from seqzoo.data.batching import bucket_batches, pad_batch
+from seqzoo.data.chars import encode_chars, pad_chars
 from seqzoo.data.embeddings import load_vectors
 from seqzoo.data.errors import DataError
 from seqzoo.data.io import read_json
@@ -235,7 +236,9 @@ class ClassifierTask(abc.ABC):
     whose mask counts the tokens.
 
     A subclass sets ``config``, ``model``, ``device``, ``vocab``, ``encoded`` (``{split: [Encoded]}``)
-    and ``label_names``, and reads raw texts for :meth:`predict` in :meth:`_encode_text`.
+    and ``label_names``, and reads raw texts for :meth:`predict` in :meth:`_encode_text`. Where the model
+    reads character features, it sets ``chars`` and ends each example's sequences with the char ids of
+    the first sequence's words (:meth:`_with_chars`).
     """
 
     metric = "accuracy"
@@ -246,18 +249,29 @@ class ClassifierTask(abc.ABC):
     vocab: Vocab
     encoded: dict[str, list[Encoded]]
     label_names: Sequence[str]
+    #: The character vocabulary, when the model reads character features (else None).
+    chars: Vocab | None = None
 
     @abc.abstractmethod
     def _encode_text(self, text: str, line: int) -> tuple[tuple[list[int], ...], dict[str, Any]]:
         """A raw text (the ``line``-th given to :meth:`predict`) as the model's id sequences, and the
         fields its prediction record shows besides the label."""
 
-    def _inputs(self, sequences: Sequence[tuple[list[int], ...]]) -> list[Tensor]:
-        """``[ids_1, mask_1, ids_2, mask_2, ...]`` on the model's device, each (B, T_i)."""
+    def _with_chars(self, sequences: tuple[Any, ...], tokens: list[str]) -> tuple[Any, ...]:
+        """``sequences``, then the char ids of ``tokens`` (the first sequence's words) when the model reads
+        character features (a text without tokens, whose ids are one ``<unk>``, is one word without characters)."""
+        return sequences if self.chars is None else (*sequences, encode_chars(tokens, self.chars) or [[]])
+
+    def _inputs(self, sequences: Sequence[tuple[Any, ...]]) -> list[Tensor]:
+        """``[ids_1, mask_1, ids_2, mask_2, ...]`` on the model's device, each (B, T_i), then the char
+        ids (B, T_1, C) where the model reads them (each example's last sequence, from :meth:`_with_chars`)."""
+        words = sequences if self.chars is None else [s[:-1] for s in sequences]
         tensors = []
-        for column in zip(*sequences, strict=True):
+        for column in zip(*words, strict=True):
             ids, mask = pad_batch(list(column), self.vocab.pad_id)
             tensors += [ids.to(self.device), mask.to(self.device)]
+        if self.chars is not None:
+            tensors.append(pad_chars([s[-1] for s in sequences], tensors[0].shape[1]).to(self.device))
         return tensors
 
     def _batch(self, split: str, indices: Sequence[int]) -> tuple[list[Tensor], Tensor]:
