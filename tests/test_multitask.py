@@ -143,7 +143,7 @@ def test_asp_step_reverses_the_adversarial_gradient_in_the_shared_encoder(corpor
     task = _task(corpora, tmp_path, "asp", ["data.orthogonality_weight=0", "model.dropout=0"])
     model = task.model.double()
     ids, mask, labels = task._batch("beta", "train", list(range(8)))
-    shared, _ = model.encode("beta", ids, mask)
+    shared = model.encode("beta", ids, mask).shared  # (B, S)
     target = torch.full_like(labels, model.task_names.index("beta"))
     params = [p for p in model.shared.parameters()]
     adversarial = torch.nn.functional.cross_entropy(model.discriminator(grad_reverse(shared)), target)

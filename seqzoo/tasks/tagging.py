@@ -31,6 +31,7 @@ pretrained words, and no label is read).
 
 from __future__ import annotations
 
+import abc
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -66,12 +67,16 @@ from seqzoo.training.task import StepLoss
 
 __all__ = [
     "TagHead",
+    "TaggedCorpus",
     "Tagger",
+    "TaggingCorpusConfig",
     "TaggingData",
     "TaggingDataConfig",
     "TaggingTask",
+    "build_tag_set",
     "build_tagger",
     "build_tasks",
+    "build_vocab",
     "load_data",
     "load_trained",
 ]
@@ -82,8 +87,9 @@ SPLITS = ("train", "dev", "test")
 
 
 @dataclass
-class TaggingDataConfig:
-    """CoNLL column files ``{data_dir}/{train_file,dev_file,test_file}`` (token and tag columns by index)."""
+class TaggingCorpusConfig:
+    """A CoNLL corpus ``{data_dir}/{train_file,dev_file,test_file}`` (token and tag columns by index) and how
+    its tags read: the keys a tagging run and a tagging sub-task of a multi-task run share."""
 
     data_dir: str = "."
     train_file: str = "train.txt"
@@ -94,16 +100,10 @@ class TaggingDataConfig:
     scheme: Literal["iob1", "iob2", "iobes", "none"] = "iob2"  # the corpus's; none: tags without chunks (POS)
     train_scheme: Literal["iob1", "iob2", "iobes"] | None = None  # the model's tags; None = the corpus's scheme
     unseen_tags: Literal["error", "keep"] = "error"  # dev/test gold tags outside the tag set (module docstring)
-    lowercase: bool = True  # word lookup only; the character features keep the case
-    min_freq: int = 1
-    embeddings: str | None = None  # GloVe-format text vectors (.txt or .gz)
-    embedding_dim: int = 50
-    embedding_vocab: bool = True  # with embeddings: every split's words that have a vector join the vocabulary
-    freeze_embeddings: bool = False
     max_len: int | None = DEFAULT_MAX_LEN  # a longer sentence (in a split or predict) is an error (None: no cap)
 
     def __post_init__(self) -> None:
-        require_ranges(self, positive=("min_freq", "embedding_dim", "max_len"))
+        require_ranges(self, positive=("max_len",))
         if self.scheme == "none" and self.train_scheme is not None:
             raise ConfigError(
                 f"train_scheme: tags without chunks (scheme none) have no other scheme, got {self.train_scheme!r}"
@@ -123,6 +123,22 @@ class TaggingDataConfig:
 
 
 @dataclass
+class TaggingDataConfig(TaggingCorpusConfig):
+    """The ``data:`` section of the tagging recipe: the corpus, and its vocabulary and word vectors."""
+
+    lowercase: bool = True  # word lookup only; the character features keep the case
+    min_freq: int = 1
+    embeddings: str | None = None  # GloVe-format text vectors (.txt or .gz)
+    embedding_dim: int = 50
+    embedding_vocab: bool = True  # with embeddings: every split's words that have a vector join the vocabulary
+    freeze_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_ranges(self, positive=("min_freq", "embedding_dim"))
+
+
+@dataclass
 class TaggingData:
     """The sentences of each split and the file each was read from."""
 
@@ -130,7 +146,7 @@ class TaggingData:
     sources: dict[str, Path]
 
 
-def load_data(cfg: TaggingDataConfig) -> TaggingData:
+def load_data(cfg: TaggingCorpusConfig) -> TaggingData:
     """The train, dev and test splits of ``cfg`` (each file required; ``.gz`` aware), each sentence's tags
     checked against the corpus's scheme (an error naming file:line)."""
     splits: dict[str, list[TaggedSentence]] = {}
@@ -289,42 +305,60 @@ class _Encoded:
     gold: tuple[str, ...]  # the corpus's tags, which the scores compare with
 
 
-class TaggingTask:
-    """The :class:`seqzoo.training.task.Task` for sequence tagging (module docstring).
+def build_vocab(splits: dict[str, list[TaggedSentence]], data: TaggingDataConfig) -> Vocab:
+    """The training words seen ``data.min_freq`` times and, with ``data.embeddings`` and ``data.embedding_vocab``,
+    every word of any split that has a pretrained vector (module docstring)."""
 
-    ``splits``: sentences by split (empty when only predicting); ``vocab``, ``chars``, ``tags``: those of a
-    trained model (else built from the training split); ``sources``: the files, for error messages.
+    def key(token: str) -> str:
+        return token.lower() if data.lowercase else token
+
+    train = Vocab.build(([key(t) for t in s.tokens] for s in splits["train"]), min_freq=data.min_freq)
+    if not (data.embeddings and data.embedding_vocab):
+        return train
+    with open_text(data.embeddings) as lines:
+        pretrained = {line.split(" ", 1)[0] for line in lines}
+    words = {key(t) for split in splits.values() for s in split for t in s.tokens}
+    extra = sorted(w for w in words if w not in train and (w in pretrained or w.lower() in pretrained))
+    return Vocab([*train, *extra], train.counts)
+
+
+class TaggedCorpus(abc.ABC):
+    """A tagging corpus as a model reads it, and all that a tagging task does besides running its network:
+    the schemes and the tag set, each split's sentences as ids (checked for length and unseen tags), batches
+    as tensors, decoding, the scores in the corpus's scheme and the ``seqzoo predict`` records.
+
+    ``splits``: sentences by split (empty when only predicting); ``vocab``/``chars``: the word and character
+    vocabularies (``chars`` None: no character features); ``tags``: those of a trained model (else built from
+    the training split); ``lowercase``: words are looked up lowercased; ``max_len``: a longer sentence is an
+    error; ``sources``: the files, for error messages. A subclass gives the network: ``config`` (its
+    ``train.eval_batch_size``), ``device``, ``model`` (put in eval mode to decode), :attr:`head` and
+    :meth:`emissions`. Shared by the tagging recipe and the tagging sub-tasks of the multi-task recipe.
     """
 
     higher_is_better = True
+    config: RunConfig
+    device: torch.device
+    model: nn.Module
 
     def __init__(
         self,
-        config: RunConfig,
+        data: TaggingCorpusConfig,
         splits: dict[str, list[TaggedSentence]],
         *,
-        sources: dict[str, Path] | None = None,
-        vocab: Vocab | None = None,
-        chars: Vocab | None = None,
+        vocab: Vocab,
+        chars: Vocab | None,
         tags: Sequence[str] | None = None,
-        embedding_dim: int | None = None,
-        encoder: Encoder | None = None,
+        lowercase: bool = True,
+        max_len: int | None = None,
+        sources: dict[str, Path] | None = None,
     ) -> None:
-        self.config = config
-        data: TaggingDataConfig = config.data
         self.data = data
         self.metric = data.metric
         self.scheme = None if data.scheme == "none" else check_scheme(data.scheme)
         self.model_scheme = data.model_scheme
+        self.vocab, self.chars, self.lowercase, self.max_len = vocab, chars, lowercase, max_len
         model_tags = {name: [self._to_model(s.tags) for s in split] for name, split in splits.items()}
         self.tags = list(tags) if tags is not None else build_tag_set(model_tags["train"], self.model_scheme)
-        self.vocab = vocab or self._build_vocab(splits)
-        #: The character vocabulary, when the model reads character features (else None).
-        self.chars = (
-            None
-            if config.model.char_encoder == "none"
-            else chars or build_char_vocab(s.tokens for s in splits["train"])
-        )
         index = {tag: i for i, tag in enumerate(self.tags)}
         self.encoded: dict[str, list[_Encoded]] = {}
         for name, split in splits.items():
@@ -335,15 +369,15 @@ class TaggingTask:
                 for s, tags_ in zip(split, model_tags[name], strict=True)
             ]
             self._check_unseen(name, split, model_tags[name], (sources or {}).get(name))
-        dim, vectors = pretrained_vectors(data.embeddings, self.vocab, data.embedding_dim, embedding_dim)
-        with names_config_errors("model"):
-            self.model = build_tagger(
-                config.model, len(self.vocab), dim, self.tags, self.model_scheme, vectors=vectors,
-                freeze_embeddings=data.freeze_embeddings, num_chars=len(self.chars) if self.chars else 0,
-                encoder=encoder,
-            )  # fmt: skip
-        self.device = resolve_device(config.train.device)
-        self.model.to(self.device)
+
+    @property
+    @abc.abstractmethod
+    def head(self) -> TagHead:
+        """The head that scores and decodes this corpus's tags."""
+
+    @abc.abstractmethod
+    def emissions(self, ids: Tensor, mask: Tensor, chars: Tensor | None) -> Tensor:
+        """The network's tag scores (B, T, K) of word ids (B, T) [and char ids (B, T, C)]."""
 
     # -- data ---------------------------------------------------------------------------------------------
 
@@ -359,30 +393,16 @@ class TaggingTask:
             return list(tags)
         return convert(tags, self.model_scheme, self.scheme)
 
-    def _key(self, token: str) -> str:
-        return token.lower() if self.data.lowercase else token
-
     def _refuse_long(self, tokens: Sequence[str], path: Path | None, line: int) -> None:
-        """A :class:`DataError` at ``path``:``line`` where ``tokens`` are more than ``data.max_len``."""
-        limit = self.data.max_len
-        if limit is not None and len(tokens) > limit:
-            raise DataError(f"a sentence of {len(tokens)} tokens, more than data.max_len={limit}", path, line)
+        """A :class:`DataError` at ``path``:``line`` where ``tokens`` are more than ``max_len``."""
+        if self.max_len is not None and len(tokens) > self.max_len:
+            raise DataError(f"a sentence of {len(tokens)} tokens, more than data.max_len={self.max_len}", path, line)
 
     def _words(self, tokens: Sequence[str]) -> list[int]:
-        return self.vocab.encode(self._key(t) for t in tokens)
+        return self.vocab.encode(t.lower() if self.lowercase else t for t in tokens)
 
     def _chars(self, tokens: Sequence[str]) -> list[list[int]] | None:
         return None if self.chars is None else encode_chars(tokens, self.chars)
-
-    def _build_vocab(self, splits: dict[str, list[TaggedSentence]]) -> Vocab:
-        train = Vocab.build(([self._key(t) for t in s.tokens] for s in splits["train"]), min_freq=self.data.min_freq)
-        if not (self.data.embeddings and self.data.embedding_vocab):
-            return train
-        with open_text(self.data.embeddings) as lines:
-            pretrained = {line.split(" ", 1)[0] for line in lines}
-        words = {self._key(t) for split in splits.values() for s in split for t in s.tokens}
-        extra = sorted(w for w in words if w not in train and (w in pretrained or w.lower() in pretrained))
-        return Vocab([*train, *extra], train.counts)
 
     def _check_unseen(
         self, split: str, sentences: list[TaggedSentence], model_tags: list[list[str]], path: Path | None
@@ -406,28 +426,20 @@ class TaggingTask:
 
     # -- batches ------------------------------------------------------------------------------------------
 
-    def _inputs(self, examples: Sequence[_Encoded]) -> tuple[Tensor, Tensor, Tensor | None]:
+    def inputs(self, examples: Sequence[_Encoded]) -> tuple[Tensor, Tensor, Tensor | None]:
         """Word ids (B, T), mask (B, T) and char ids (B, T, C) (None without char features), on the device."""
         ids, mask = pad_batch([e.ids for e in examples], self.vocab.pad_id)
         chars = None if self.chars is None else pad_chars([e.chars for e in examples], ids.shape[1]).to(self.device)
         return ids.to(self.device), mask.to(self.device), chars
 
-    def _targets(self, examples: Sequence[_Encoded]) -> Tensor:
+    def targets(self, examples: Sequence[_Encoded]) -> Tensor:
         """Tag indices (B, T), -1 at pads (and at a kept unseen gold tag)."""
         return pad_batch([e.tags for e in examples], -1)[0].to(self.device)
 
-    def _batches(self, split: str, size: int, seed: int | None = None) -> list[list[int]]:
+    def batches(self, split: str, size: int, seed: int | None = None) -> list[list[int]]:
+        """``split``'s sentences in batches of similar lengths (shuffled with a ``seed``)."""
         lengths = [len(e.ids) for e in self.encoded[split]]
         return bucket_batches(lengths, size, shuffle=seed is not None, seed=seed)
-
-    def train_batches(self, epoch: int) -> list[list[int]]:
-        return self._batches("train", self.config.train.batch_size, epoch_seed(self.config.train.seed, epoch))
-
-    def train_loss(self, batch: list[int]) -> StepLoss:
-        examples = [self.encoded["train"][i] for i in batch]
-        ids, mask, chars = self._inputs(examples)
-        loss = self.model(ids, mask, chars, self._targets(examples)) / len(batch)
-        return StepLoss.plus(loss, self.model.auxiliary_loss(), int(mask.sum()), len(batch))
 
     # -- evaluation and prediction ------------------------------------------------------------------------
 
@@ -437,9 +449,9 @@ class TaggingTask:
     ) -> tuple[list[list[int]], list[list[float]], float]:
         """Each example's best tag indices, their probabilities (with ``confidence``, else ``[]``) and the summed
         NLL (with ``loss``; a kept unseen gold tag has no likelihood, so its sentence is left out of it)."""
-        ids, mask, chars = self._inputs(examples)
-        emissions = self.model.emissions(ids, mask, chars)  # (B, T, K)
-        head = self.model.head
+        ids, mask, chars = self.inputs(examples)
+        emissions = self.emissions(ids, mask, chars)  # (B, T, K)
+        head = self.head
         paths = head.decode(emissions, mask)  # (B, T)
         lengths = mask.sum(1).tolist()
         probs: list[list[float]] = []
@@ -447,7 +459,7 @@ class TaggingTask:
             probs = [row[:n] for row, n in zip(head.confidence(emissions, mask, paths).tolist(), lengths, strict=True)]
         total = 0.0
         if loss:
-            targets = self._targets(examples)
+            targets = self.targets(examples)
             whole = ~((targets < 0) & mask).any(1)  # (B,)
             if whole.any():
                 total = float(head.nll(emissions[whole], targets[whole], mask[whole]).sum())
@@ -462,7 +474,7 @@ class TaggingTask:
         predicted: list[list[str]] = [[] for _ in examples]
         loss = 0.0
         with module_mode(self.model, training=False):
-            for batch in self._batches(split, self.config.train.eval_batch_size):
+            for batch in self.batches(split, self.config.train.eval_batch_size):
                 paths, _, batch_loss = self._decode([examples[i] for i in batch], loss=True)
                 loss += batch_loss
                 for i, path in zip(batch, paths, strict=True):
@@ -516,10 +528,71 @@ class TaggingTask:
                     results.append(record)
         return results
 
+    def tags_document(self) -> dict[str, Any]:
+        """The tag set and the schemes, as ``tags.json`` stores them."""
+        return {"tags": self.tags, "scheme": self.scheme or "none", "train_scheme": self.model_scheme or "none"}
+
+
+class TaggingTask(TaggedCorpus):
+    """The :class:`seqzoo.training.task.Task` for sequence tagging (module docstring): a :class:`TaggedCorpus`
+    read by a :class:`Tagger`.
+
+    ``splits``: sentences by split (empty when only predicting); ``vocab``, ``chars``, ``tags``: those of a
+    trained model (else built from the training split); ``sources``: the files, for error messages.
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        splits: dict[str, list[TaggedSentence]],
+        *,
+        sources: dict[str, Path] | None = None,
+        vocab: Vocab | None = None,
+        chars: Vocab | None = None,
+        tags: Sequence[str] | None = None,
+        embedding_dim: int | None = None,
+        encoder: Encoder | None = None,
+    ) -> None:
+        self.config = config
+        data: TaggingDataConfig = config.data
+        char_vocab = (
+            None
+            if config.model.char_encoder == "none"
+            else chars or build_char_vocab(s.tokens for s in splits["train"])
+        )
+        super().__init__(
+            data, splits, vocab=vocab or build_vocab(splits, data), chars=char_vocab, tags=tags,
+            lowercase=data.lowercase, max_len=data.max_len, sources=sources,
+        )  # fmt: skip
+        dim, vectors = pretrained_vectors(data.embeddings, self.vocab, data.embedding_dim, embedding_dim)
+        with names_config_errors("model"):
+            self.model = build_tagger(
+                config.model, len(self.vocab), dim, self.tags, self.model_scheme, vectors=vectors,
+                freeze_embeddings=data.freeze_embeddings, num_chars=len(self.chars) if self.chars else 0,
+                encoder=encoder,
+            )  # fmt: skip
+        self.device = resolve_device(config.train.device)
+        self.model.to(self.device)
+
+    @property
+    def head(self) -> TagHead:
+        return self.model.head
+
+    def emissions(self, ids: Tensor, mask: Tensor, chars: Tensor | None) -> Tensor:
+        return self.model.emissions(ids, mask, chars)  # (B, T, K)
+
+    def train_batches(self, epoch: int) -> list[list[int]]:
+        return self.batches("train", self.config.train.batch_size, epoch_seed(self.config.train.seed, epoch))
+
+    def train_loss(self, batch: list[int]) -> StepLoss:
+        examples = [self.encoded["train"][i] for i in batch]
+        ids, mask, chars = self.inputs(examples)
+        loss = self.model(ids, mask, chars, self.targets(examples)) / len(batch)
+        return StepLoss.plus(loss, self.model.auxiliary_loss(), int(mask.sum()), len(batch))
+
     def documents(self) -> dict[str, Any]:
         chars = {} if self.chars is None else {"chars.json": self.chars.to_dict()}
-        tags = {"tags": self.tags, "scheme": self.scheme or "none", "train_scheme": self.model_scheme or "none"}
-        return {"vocab.json": self.vocab.to_dict(), "tags.json": tags, **chars}
+        return {"vocab.json": self.vocab.to_dict(), "tags.json": self.tags_document(), **chars}
 
 
 def build_tasks(config: RunConfig) -> list[tuple[str, TaggingTask]]:
