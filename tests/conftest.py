@@ -43,6 +43,22 @@ def write_sentiment_corpus(directory: Path, name: str = "toy", sizes=(240, 60, 6
     return directory
 
 
+def train_toy_run(root: Path, model: str) -> Path:
+    """A one-epoch run in ``root`` on the toy corpus of :func:`write_sentiment_corpus` (8-d word vectors),
+    its model the YAML lines ``model``; returns the run directory."""
+    from seqzoo.config import load_config
+    from seqzoo.training.runner import run
+
+    data = write_sentiment_corpus(root / "data")
+    config = root / "toy.yaml"
+    config.write_text(
+        f"name: toy\ndata: {{name: toy, data_dir: {data}, embedding_dim: 8}}\n{model}"
+        "train: {epochs: 1, batch_size: 16, patience: null, progress: false}\n"
+    )
+    run(load_config(config), root / "run")
+    return root / "run"
+
+
 @pytest.fixture(autouse=True)
 def cpu_unless_marked_gpu(request, monkeypatch):
     """Tests not marked ``gpu`` see no GPU, so that on a machine with one they check the CPU path,

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import textwrap
 import types
 
 import numpy as np
 import pytest
 import torch
-from conftest import write_sentiment_corpus
+from conftest import train_toy_run, write_sentiment_corpus
 from torch import nn
 
 from seqzoo.analysis.hidden import HiddenStates, hidden_state_figure, hidden_states, plot_hidden_states
@@ -21,19 +20,8 @@ TEXT = "the film was great and the plot was fine but the actor was dull"
 
 @pytest.fixture(scope="module")
 def qrnn_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hidden")
-    data = write_sentiment_corpus(root / "data")
-    config = root / "toy.yaml"
-    config.write_text(
-        textwrap.dedent(f"""\
-        name: toy
-        data: {{name: toy, data_dir: {data}, embedding_dim: 8}}
-        model: {{encoder: qrnn, encoder_args: {{hidden_size: 10, num_layers: 2, window: 2}}, pooler: mean}}
-        train: {{epochs: 1, batch_size: 16, patience: null, progress: false}}
-        """)
-    )
-    run(load_config(config), root / "run")
-    return root / "run"
+    model = "model: {encoder: qrnn, encoder_args: {hidden_size: 10, num_layers: 2, window: 2}, pooler: mean}\n"
+    return train_toy_run(tmp_path_factory.mktemp("hidden"), model)
 
 
 def _encoder_outputs(task, tokens):

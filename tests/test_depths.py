@@ -8,13 +8,12 @@ import types
 
 import pytest
 import torch
-from conftest import write_sentiment_corpus
+from conftest import train_toy_run
 from torch import nn
 
 from seqzoo.analysis.depths import DepthHistogram, SentenceDepths, depth_figure, sentence_depths, split_depths
 from seqzoo.cli import main
-from seqzoo.config import load_config
-from seqzoo.training.runner import load_task, run
+from seqzoo.training.runner import load_task
 
 TEXT = "the film was great and the plot was fine but the actor was dull"
 LAYERS = 3
@@ -23,13 +22,7 @@ LAYERS = 3
 @pytest.fixture(scope="module")
 def dagrn_run(tmp_path_factory):
     torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("depths")
-    data = write_sentiment_corpus(root / "data")
-    config = root / "toy.yaml"
-    config.write_text(
-        textwrap.dedent(f"""\
-        name: toy
-        data: {{name: toy, data_dir: {data}, embedding_dim: 8}}
+    model = textwrap.dedent(f"""\
         model:
           encoder: dagrn
           encoder_args: {{hidden_size: 16, num_layers: {LAYERS}, depth_size: 4, dropout: 0.1}}
@@ -37,11 +30,8 @@ def dagrn_run(tmp_path_factory):
           char_encoder: cnn
           char_embedding_dim: 4
           char_hidden_size: 4
-        train: {{epochs: 1, batch_size: 16, patience: null, progress: false}}
         """)
-    )
-    run(load_config(config), root / "run")
-    return root / "run"
+    return train_toy_run(tmp_path_factory.mktemp("depths"), model)
 
 
 @pytest.fixture(scope="module")
