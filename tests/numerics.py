@@ -12,7 +12,10 @@ factor. A wrong formula (a sign, a missing term) is off by O(scale), orders of m
 
 from __future__ import annotations
 
+import copy
+
 import torch
+from conftest import no_eager_fallback
 from torch import Tensor
 
 EPS32 = torch.finfo(torch.float32).eps
@@ -55,8 +58,25 @@ def perturbed(module: torch.nn.Module, scale: float = 0.3) -> torch.nn.Module:
     return module
 
 
-def assert_encoder_gradcheck(encoder: torch.nn.Module, x: Tensor, mask: Tensor) -> None:
-    """float64 ``gradcheck`` (fast mode) of ``encoder``'s outputs with respect to ``x`` and every parameter."""
+def assert_compiled_matches_eager(eager: torch.nn.Module, compiled: torch.nn.Module, x: Tensor, mask: Tensor) -> None:
+    """``compiled`` (``compile_step``, ``eager``'s weights) is off float64 by no more than ``eager`` float32
+    is, up to a factor (:func:`assert_all_close_to_float64`), in its outputs, its final state (a tuple of
+    tensors) and its parameter gradients, without falling back to the eager step."""
+    results = []
+    for encoder, inputs in ((copy.deepcopy(eager).double(), x.double()), (eager, x), (compiled, x)):
+        with no_eager_fallback():
+            out, state = encoder(inputs, mask)
+        loss = out.pow(2).sum() + sum(part.sum() for part in state)
+        results.append([out, *state, *torch.autograd.grad(loss, list(encoder.parameters()))])
+    exact, expected, got = results
+    assert_all_close_to_float64(got, exact, expected)
+
+
+def assert_encoder_gradcheck(encoder: torch.nn.Module) -> None:
+    """float64 ``gradcheck`` (fast mode) of ``encoder``'s outputs with respect to every parameter and an
+    input x (2, 3, input_size) drawn here, whose second row is one pad after two tokens."""
+    x = torch.randn(2, 3, encoder.input_size, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[True, True, True], [True, True, False]])
     names = [name for name, _ in encoder.named_parameters()]
     weights = tuple(p.detach().clone().requires_grad_(True) for p in encoder.parameters())
 

@@ -1,12 +1,11 @@
 """The Meta-LSTM encoder (seqzoo/encoders/meta_lstm.py, MODELS.md 3.1-3.2)."""
 
-import copy
 import math
 
 import pytest
 import torch
-from conftest import needs_cxx, no_eager_fallback
-from numerics import assert_all_close_to_float64, assert_encoder_gradcheck, perturbed
+from conftest import needs_cxx
+from numerics import assert_compiled_matches_eager, assert_encoder_gradcheck, perturbed
 from torch._dynamo.utils import counters
 
 from seqzoo import build_encoder
@@ -44,10 +43,7 @@ def test_the_low_rank_product_equals_the_materialised_weights_in_float64(single_
 
 def test_gradcheck_in_float64(single_thread):
     torch.manual_seed(1)
-    encoder = perturbed(MetaLSTM(3, 4, meta_size=2, z_size=2).double())
-    x = torch.randn(2, 3, 3, dtype=torch.float64, requires_grad=True)
-    mask = torch.tensor([[True, True, True], [True, True, False]])
-    assert_encoder_gradcheck(encoder, x, mask)
+    assert_encoder_gradcheck(perturbed(MetaLSTM(3, 4, meta_size=2, z_size=2).double()))
 
 
 @pytest.mark.parametrize(
@@ -141,14 +137,6 @@ def test_compiled_steps_equal_eager_ones_with_one_graph_for_every_layer_and_dire
     eager = MetaLSTM(5, 8, num_layers=2, bidirectional=True, **SIZES)
     compiled = MetaLSTM(5, 8, num_layers=2, bidirectional=True, compile_step=True, **SIZES)
     compiled.load_state_dict(eager.state_dict())
-    x = torch.randn(3, 6, 5)
     mask = torch.arange(6) < torch.tensor([6, 4, 1]).unsqueeze(1)
-    results = []
-    for encoder, inputs in ((copy.deepcopy(eager).double(), x.double()), (eager, x), (compiled, x)):
-        with no_eager_fallback():
-            out, state = encoder(inputs, mask)
-        loss = out.pow(2).sum() + sum(part.sum() for part in state)
-        results.append([out, *state, *torch.autograd.grad(loss, list(encoder.parameters()))])
-    exact, expected, got = results
-    assert_all_close_to_float64(got, exact, expected)  # off by no more than eager float32 is, up to a factor
+    assert_compiled_matches_eager(eager, compiled, torch.randn(3, 6, 5), mask)
     assert counters["stats"]["unique_graphs"] == 1
