@@ -262,3 +262,20 @@ def test_other_architectures_step_and_evaluate_tagging_tasks(corpora, tmp_path, 
         assert torch.isfinite(step.loss) and (step.auxiliary > 0) == (architecture == "asp")
     metrics = task.evaluate("dev")
     assert metrics["score"] == pytest.approx((metrics["ner/f1"] + metrics["pos/accuracy"]) / 2)
+
+
+def test_embedding_vocab_adds_the_pretrained_words_of_every_split(tmp_path):
+    for split, words in (("train", "Mr Smith said"), ("valid", "in Zanzibar"), ("test", "Mr Quux")):
+        tags = {"Smith": "B-PER", "Zanzibar": "B-LOC", "Quux": "B-PER"}
+        lines = [f"{w}\t{tags.get(w, 'O')}" for w in words.split()]
+        (tmp_path / f"{split}.txt").write_text("\n".join([*lines, ""]) + "\n")
+    (tmp_path / "vectors.txt").write_text("".join(f"{w} {' '.join(['0.5'] * 8)}\n" for w in ("zanzibar", "said")))
+    path = tmp_path / "mtl.yaml"
+    path.write_text(
+        f"task: multitask\ndata: {{tasks: [{{name: ner, kind: tagging, data_dir: {tmp_path}, unseen_tags: keep}}], "
+        f"embeddings: {tmp_path}/vectors.txt, embedding_vocab: true}}\nmodel: {{encoder: meta_lstm}}\n"
+    )
+    task = get_task("multitask").build_tasks(load_config(path))[0][1]
+    assert "zanzibar" in task.vocab and "quux" not in task.vocab and "smith" in task.vocab
+    plain = get_task("multitask").build_tasks(load_config(path, ["data.embedding_vocab=false"]))[0][1]
+    assert "zanzibar" not in plain.vocab

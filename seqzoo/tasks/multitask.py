@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import random
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -72,7 +72,14 @@ from seqzoo.tasks.common import (
     restore,
     token_embedder,
 )
-from seqzoo.tasks.tagging import TaggedCorpus, TaggingCorpusConfig, TaggingData, TagHead, load_data
+from seqzoo.tasks.tagging import (
+    TaggedCorpus,
+    TaggingCorpusConfig,
+    TaggingData,
+    TagHead,
+    load_data,
+    with_pretrained_words,
+)
 from seqzoo.training.devices import resolve_device
 from seqzoo.training.registry import register_task
 from seqzoo.training.task import StepLoss
@@ -146,6 +153,7 @@ class MultiTaskDataConfig:
     max_vocab: int | None = None
     max_len: int | None = DEFAULT_MAX_LEN  # texts are cut to their first max_len tokens (None: no cap)
     embeddings: str | None = None  # GloVe-format text vectors (.txt or .gz)
+    embedding_vocab: bool = False  # with embeddings: every split's words that have a vector join the vocabulary
     embedding_dim: int = 50
     freeze_embeddings: bool = False
     dev_fraction: float = 0.1  # held out of train for a classification task without a dev split
@@ -485,6 +493,8 @@ class MultiTask:
             ]
             words += [[t.lower() if data.lowercase else t for t in tokens] for tokens in sentences]
             vocab = Vocab.build(words, min_freq=data.min_freq, max_size=data.max_vocab)
+            if data.embeddings and data.embedding_vocab:
+                vocab = with_pretrained_words(vocab, self._all_words(texts, tagged), data.embeddings)
         self.vocab = vocab
         #: The character vocabulary, when the model reads character features (else None).
         self.chars = None if config.model.char_encoder == "none" else chars or build_char_vocab(sentences)
@@ -524,6 +534,16 @@ class MultiTask:
         self.main_metrics = {name: self.parts[name].metric if name in self.parts else "accuracy" for name in outputs}
         kinds = set(self.main_metrics.values())
         self.metric = kinds.pop() if len(kinds) == 1 else "score"
+
+    def _all_words(self, texts: dict[str, dict[str, list[Any]]], tagged: set[str]) -> Iterator[str]:
+        """Every word of every split of every task, as the vocabulary keys it."""
+        for name, splits in texts.items():
+            for examples in splits.values():
+                for ex in examples:
+                    if name in tagged:
+                        yield from (t.lower() if self.config.data.lowercase else t for t in ex.tokens)
+                    else:
+                        yield from self._tokens(ex.text, name)
 
     def _constraints(self, task: str) -> str | None:
         """The scheme whose transitions ``task``'s head forbids (None: tags without chunks, or ``model.constraints``
@@ -699,6 +719,8 @@ def _inert_keys(config: RunConfig) -> dict[str, str]:
     if data.architecture != "asp":
         for key in ("adversarial_weight", "orthogonality_weight"):
             inert[f"data.{key}"] = "only the asp architecture has the adversarial and orthogonality losses"
+    if not data.embeddings:
+        inert["data.embedding_vocab"] = "it adds the words of data.embeddings"
     kinds = {sub.kind for sub in data.tasks}
     if "classification" not in kinds:
         inert["model.mlp_hidden"] = "only a classification sub-task has an MLP head"

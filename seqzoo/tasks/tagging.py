@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import abc
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -79,6 +79,7 @@ __all__ = [
     "build_vocab",
     "load_data",
     "load_trained",
+    "with_pretrained_words",
 ]
 
 log = logging.getLogger("seqzoo")
@@ -315,11 +316,17 @@ def build_vocab(splits: dict[str, list[TaggedSentence]], data: TaggingDataConfig
     train = Vocab.build(([key(t) for t in s.tokens] for s in splits["train"]), min_freq=data.min_freq)
     if not (data.embeddings and data.embedding_vocab):
         return train
-    with open_text(data.embeddings) as lines:
+    words = (key(t) for split in splits.values() for s in split for t in s.tokens)
+    return with_pretrained_words(train, words, data.embeddings)
+
+
+def with_pretrained_words(vocab: Vocab, words: Iterable[str], embeddings: str) -> Vocab:
+    """``vocab`` plus those of ``words`` it lacks that have a vector (or whose lowercase form has one) in the
+    ``embeddings`` file, sorted: the words of every split that the pretrained table knows."""
+    with open_text(embeddings) as lines:
         pretrained = {line.split(" ", 1)[0] for line in lines}
-    words = {key(t) for split in splits.values() for s in split for t in s.tokens}
-    extra = sorted(w for w in words if w not in train and (w in pretrained or w.lower() in pretrained))
-    return Vocab([*train, *extra], train.counts)
+    extra = sorted(w for w in set(words) if w not in vocab and (w in pretrained or w.lower() in pretrained))
+    return Vocab([*vocab, *extra], vocab.counts)
 
 
 class TaggedCorpus(abc.ABC):
