@@ -1,7 +1,10 @@
 import contextlib
+import json
 import os
 import random
 import shutil
+import signal
+import subprocess
 import warnings
 from pathlib import Path
 
@@ -73,6 +76,38 @@ def cpu_unless_marked_gpu(request, monkeypatch):
 def without_gpu(env: dict[str, str]) -> dict[str, str]:
     """``env`` for a subprocess that must not see a GPU (see :func:`cpu_unless_marked_gpu`)."""
     return {**env, "CUDA_VISIBLE_DEVICES": ""}
+
+
+def killing_cli(task_class: str) -> str:
+    """``python -c`` source of the ``seqzoo`` command line (on its argv) in which ``task_class``
+    (``module.Class`` under ``seqzoo.tasks``) SIGKILLs the process at the ``$KILL_AT``-th call of its
+    ``train_loss`` and at the ``$KILL_AT_EVALUATION``-th of its ``evaluate`` (unset or 0: never)."""
+    module, name = task_class.split(".")
+    return f"""
+import os, signal, sys
+from seqzoo.tasks.{module} import {name} as task
+calls = {{"train_loss": 0, "evaluate": 0}}
+def killing(name, variable):
+    original = getattr(task, name)
+    def method(self, *args):
+        calls[name] += 1
+        if calls[name] == int(os.environ.get(variable, "0")):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original(self, *args)
+    setattr(task, name, method)
+killing("train_loss", "KILL_AT")
+killing("evaluate", "KILL_AT_EVALUATION")
+from seqzoo.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def killed_run_state(command: list[str], env: dict[str, str], run_dir: Path) -> dict:
+    """Run ``command``, a :func:`killing_cli` training into ``run_dir`` that must be killed; the loop
+    state of the last checkpoint it wrote."""
+    killed = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    return json.loads((run_dir / "last" / "train_state.json").read_text())["loop"]
 
 
 def metric_records(run_dir: Path) -> list[dict]:

@@ -7,7 +7,6 @@ import math
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import metric_records, without_gpu
+from conftest import killed_run_state, killing_cli, metric_records, without_gpu
 
 from seqzoo.cli import main
 from seqzoo.config import load_config
@@ -218,23 +217,7 @@ def test_nan_loss_stops_with_message_and_keeps_checkpoint(toy_corpus, tmp_path, 
         run(config, tmp_path / "early")
 
 
-_KILLER = """
-import os, signal, sys
-from seqzoo.tasks import classification
-calls = {"train_loss": 0, "evaluate": 0}
-def killing(name, variable):
-    original = getattr(classification.ClassificationTask, name)
-    def method(self, *args):
-        calls[name] += 1
-        if calls[name] == int(os.environ.get(variable, "0")):
-            os.kill(os.getpid(), signal.SIGKILL)
-        return original(self, *args)
-    setattr(classification.ClassificationTask, name, method)
-killing("train_loss", "KILL_AT")
-killing("evaluate", "KILL_AT_EVALUATION")
-from seqzoo.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
+_KILLER = killing_cli("classification.ClassificationTask")
 
 
 def test_predict_and_evaluate_give_the_model_its_mode_back(toy_corpus, tmp_path):
@@ -266,14 +249,8 @@ def test_resume_after_sigkill_reproduces_uninterrupted_run(toy_corpus, tmp_path,
     # 240 examples / batch 8 = 30 batches per epoch; checkpoints every 10 steps.
     # Step 47 is mid-epoch 2, 7 steps after the last checkpoint: that work is lost and redone.
     # The checkpoint (step 10 of epoch 2) falls inside a window of the step records (every 4 steps).
-    killed = subprocess.run(
-        [*base, str(config), "--run-dir", str(tmp_path / "killed")],
-        env={**env, "KILL_AT": "47"},
-        capture_output=True,
-        text=True,
-    )
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
-    state = json.loads((tmp_path / "killed/last/train_state.json").read_text())["loop"]
+    killed = [*base, str(config), "--run-dir", str(tmp_path / "killed")]
+    state = killed_run_state(killed, {**env, "KILL_AT": "47"}, tmp_path / "killed")
     assert (state["epoch"], state["step_in_epoch"]) == (1, 10)
     resumed = subprocess.run(
         [*base, "--resume", str(tmp_path / "killed")], env={**env, "KILL_AT": "0"}, capture_output=True, text=True
@@ -303,13 +280,9 @@ def test_resume_after_sigkill_at_the_step_that_spent_the_budget(toy_corpus, tmp_
     env = without_gpu({**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
     base = [sys.executable, "-c", _KILLER, "train", "--set", "train.threads=1"]  # + CONFIG or --resume RUN
     base += ["--set", "train.max_steps=40"]  # 30 steps per epoch, checkpoints every 10: one at step 40
-    killed = subprocess.run(  # evaluations: epoch 1's dev, then the cut epoch 2's dev
-        [*base, str(config), "--run-dir", str(tmp_path / "killed")],
-        env={**env, "KILL_AT_EVALUATION": "2"},
-        capture_output=True,
-    )
-    assert killed.returncode == -signal.SIGKILL
-    state = json.loads((tmp_path / "killed/last/train_state.json").read_text())["loop"]
+    killed = [*base, str(config), "--run-dir", str(tmp_path / "killed")]
+    # evaluations: epoch 1's dev, then the cut epoch 2's dev
+    state = killed_run_state(killed, {**env, "KILL_AT_EVALUATION": "2"}, tmp_path / "killed")
     assert (state["epoch"], state["step_in_epoch"], state["global_step"]) == (1, 10, 40)
     for run_dir, args in ((tmp_path / "killed", ["--resume"]), (tmp_path / "clean", [str(config), "--run-dir"])):
         done = subprocess.run([*base, *args, str(run_dir)], env=env, capture_output=True, text=True)
