@@ -42,19 +42,18 @@ from seqzoo.training.devices import set_seed, set_threads
 from seqzoo.training.distributed import global_batch_config, is_main, main_rank_lock
 from seqzoo.training.registry import get_task
 from seqzoo.training.rundir import check_run_dir
-from seqzoo.training.stats import per_seed, summarize
+from seqzoo.training.stats import summarize
 from seqzoo.training.trainer import Trainer, stop_reason
 
 __all__ = [
     "completed_test_record",
     "find_runs",
+    "format_summary",
     "initialise",
     "load_task",
     "locked_root",
-    "per_seed",
     "run",
     "run_root",
-    "summarize",
 ]
 
 log = logging.getLogger("seqzoo")
