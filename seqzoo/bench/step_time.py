@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
+from collections.abc import Callable, Iterator
 
-from seqzoo.bench import positive_int
-from seqzoo.config import load_config
+from torch.optim import Optimizer
+
+from seqzoo.bench import positive_int, time_cases
+from seqzoo.config import RunConfig, load_config
 from seqzoo.data.io import atomic_write_text
 from seqzoo.training.devices import autocast, model_device, set_seed, set_threads
 from seqzoo.training.optim import build_optimizer, update
 from seqzoo.training.registry import get_task
+from seqzoo.training.task import Task
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,32 +56,44 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"{path}: needs a single task (no folds), got {len(tasks)}")
             task = tasks[0][1]
             task.model.train()
-            runs.append((path, cfg, task, build_optimizer(list(task.model.parameters()), cfg.optim), []))
+            runs.append((path, cfg, task, build_optimizer(list(task.model.parameters()), cfg.optim)))
     set_threads(runs[0][1].train)
     batches = runs[0][2].train_batches(0)[: args.steps]
-    for batch in batches:
-        for _, cfg, task, optimizer, times in runs:
-            start = time.perf_counter()
-            with autocast(cfg.train.precision, model_device(task.model)):
-                loss = task.train_loss(batch).loss
-            update(task.model, optimizer, loss, cfg.optim.clip_norm)
-            times.append(time.perf_counter() - start)
-    first = sum(runs[0][4])
-    for path, cfg, task, _, times in runs:
+    # a round steps every model on the same batch: each model's steps go through the batches in turn
+    steps = {i: _step(cfg, task, optimizer, iter(batches)) for i, (_, cfg, task, optimizer) in enumerate(runs)}
+    timings = time_cases(steps, len(batches), warmup=0)
+    first = sum(timings[0].wall)
+    for (path, cfg, task, _), timing in zip(runs, timings.values(), strict=True):
+        times = timing.wall
         record = {
             "config": path,
             "precision": cfg.train.precision,
             "steps": len(times),
-            "median_s": round(statistics.median(times), 4),
+            "median_s": round(timing.median, 4),
             "total_s": round(sum(times), 2),
             "total_vs_first": round(sum(times) / first, 3),
             "parameters": sum(p.numel() for p in task.model.parameters()),
         }
         print(json.dumps(record), flush=True)
     if args.per_step:
-        rows = ({"config": run[0], "step": i, "s": round(t, 5)} for run in runs for i, t in enumerate(run[4]))
+        rows = (
+            {"config": run[0], "step": i, "s": round(t, 5)}
+            for run, timing in zip(runs, timings.values(), strict=True)
+            for i, t in enumerate(timing.wall)
+        )
         atomic_write_text(args.per_step, "".join(json.dumps(row) + "\n" for row in rows))
     return 0
+
+
+def _step(cfg: RunConfig, task: Task, optimizer: Optimizer, batches: Iterator[object]) -> Callable[[], None]:
+    """One training step of ``task``'s model (forward, backward, optimiser) on the next of ``batches``."""
+
+    def step() -> None:
+        with autocast(cfg.train.precision, model_device(task.model)):
+            loss = task.train_loss(next(batches)).loss
+        update(task.model, optimizer, loss, cfg.optim.clip_norm)
+
+    return step
 
 
 if __name__ == "__main__":
