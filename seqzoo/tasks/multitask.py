@@ -643,8 +643,10 @@ class MultiTask:
                     ids, mask, labels = self._batch(name, split, indices)
                     yield self.model(name, ids, mask), labels
 
-            own = self.parts[name].evaluate(split) if name in self.parts else None
-            own = own or accuracy_and_loss(self.model, logits_and_labels())
+            if name in self.parts:
+                own = self.parts[name].evaluate(split)
+            else:
+                own = accuracy_and_loss(self.model, logits_and_labels())
             metrics.update({f"{name}/{k}": v for k, v in own.items()})
         main = [metrics[f"{name}/{key}"] for name, key in self.main_metrics.items()]
         metrics[self.metric] = sum(main) / len(main)
