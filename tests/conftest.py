@@ -46,6 +46,18 @@ def write_sentiment_corpus(directory: Path, name: str = "toy", sizes=(240, 60, 6
     return directory
 
 
+def assert_config_refused(path: Path, content: str | bytes, match: str) -> None:
+    """The config file ``path``, written with ``content``, is a ConfigError matching ``match``."""
+    from seqzoo.config import ConfigError, load_config
+
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    with pytest.raises(ConfigError, match=match):
+        load_config(path)
+
+
 def train_toy_run(root: Path, model: str) -> Path:
     """A one-epoch run in ``root`` on the toy corpus of :func:`write_sentiment_corpus` (8-d word vectors),
     its model the YAML lines ``model``; returns the run directory."""

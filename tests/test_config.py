@@ -1,21 +1,11 @@
 import re
-from pathlib import Path
 
 import pytest
+from conftest import assert_config_refused
 
 from seqzoo.config import ConfigError, config_to_dict, inert_keys, load_config
 from seqzoo.tasks.classification import ClassificationDataConfig
 from seqzoo.tasks.lm import LMDataConfig
-
-
-def _assert_refused(path: Path, content: str | bytes, match: str) -> None:
-    """The config file ``path``, written with ``content``, is a ConfigError matching ``match``."""
-    if isinstance(content, bytes):
-        path.write_bytes(content)
-    else:
-        path.write_text(content)
-    with pytest.raises(ConfigError, match=match):
-        load_config(path)
 
 
 def test_yaml_and_overrides(tmp_path):
@@ -91,20 +81,21 @@ def test_yaml_merge_keys_share_settings(tmp_path):
 
 def test_errors_name_the_file(tmp_path):
     path = tmp_path / "bad.yaml"
-    _assert_refused(path, "train:\n  epochz: 3\n", r"bad\.yaml: unknown key train\.epochz")
-    _assert_refused(path, "optim:\n  lr: -1\n", r"bad\.yaml: optim\.lr: must be > 0")
-    _assert_refused(
+    assert_config_refused(path, "train:\n  epochz: 3\n", r"bad\.yaml: unknown key train\.epochz")
+    assert_config_refused(path, "optim:\n  lr: -1\n", r"bad\.yaml: optim\.lr: must be > 0")
+    assert_config_refused(
         path,
         "model:\n  dropout: 0.1\n  pooler: max\n  dropout: 0.3\n",  # PyYAML kept the last silently
         r"(?s)bad\.yaml: invalid YAML.*found key 'dropout' twice.*line 4",
     )
-    _assert_refused(
+    assert_config_refused(
         path,
         "base: &b {dropout: 0.1}\nmodel:\n  <<: *b\n  <<: *b\n",
         r"(?s)bad\.yaml: invalid YAML.*found key '<<' twice.*line 4",
     )
-    _assert_refused(path, "train: [unclosed\n", r"bad\.yaml: invalid YAML")
-    _assert_refused(path, b"name: caf\xe9\n", r"bad\.yaml: not UTF-8 text \(invalid byte at offset 9\)")  # Latin-1
+    assert_config_refused(path, "train: [unclosed\n", r"bad\.yaml: invalid YAML")
+    latin1 = b"name: caf\xe9\n"
+    assert_config_refused(path, latin1, r"bad\.yaml: not UTF-8 text \(invalid byte at offset 9\)")
 
 
 @pytest.mark.parametrize(
@@ -172,7 +163,7 @@ def test_min_lr_is_checked_against_lr_after_the_overrides(tmp_path):
     with pytest.raises(ConfigError, match=message):
         load_config(None, ["optim.schedule=cosine", "optim.min_lr=0.01"])
     path = tmp_path / "c.yaml"
-    _assert_refused(
+    assert_config_refused(
         path,
         "optim: {schedule: cosine, min_lr: 0.002}\n",  # above the default lr 0.001
         rf"^{re.escape(str(path))}: optim\.min_lr: .* <= lr \(0\.001\), got 0\.002",
@@ -184,7 +175,9 @@ def test_odd_values_are_config_errors(tmp_path):
     with pytest.raises(ConfigError, match=r"optim\.lr: 9{400} is too large for a float"):
         load_config(None, ["optim.lr=" + "9" * 400])
     path = tmp_path / "c.yaml"
-    _assert_refused(path, "model:\n  encoder_args: {1: 2}\n", r"c\.yaml: model\.encoder_args: keys must be strs, got 1")
+    assert_config_refused(
+        path, "model:\n  encoder_args: {1: 2}\n", r"c\.yaml: model\.encoder_args: keys must be strs, got 1"
+    )
 
 
 def test_an_override_may_switch_off_a_key_of_the_file(tmp_path):
