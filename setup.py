@@ -1,4 +1,4 @@
-"""Build the optional compiled QRNN pooling kernel (plain C, no torch or Python headers needed).
+"""Build the optional compiled kernels, QRNN pooling and CRF Viterbi (plain C, no torch or Python headers needed).
 
 All metadata lives in pyproject.toml. The extension is ``optional``: where no C compiler exists
 the install still succeeds and seqzoo warns at run time that it uses the PyTorch reference.
@@ -15,12 +15,13 @@ flags = [] if sys.platform == "win32" else unix_flags
 setup(
     ext_modules=[
         Extension(
-            "seqzoo.kernels._qrnn_pool",
-            sources=["seqzoo/kernels/qrnn_pool.c"],
-            depends=["seqzoo/kernels/qrnn_pool_body.h"],
+            f"seqzoo.kernels._{name}",
+            sources=[f"seqzoo/kernels/{name}.c"],
+            depends=[f"seqzoo/kernels/{name}_body.h"],
             extra_compile_args=flags,
             extra_link_args=[] if sys.platform == "win32" else ["-pthread"],
             optional=True,
         )
+        for name in ("qrnn_pool", "crf_viterbi")
     ]
 )

@@ -14,8 +14,12 @@ from seqzoo.heads.crf import (
     _max_plus,
     log_partition,
     log_partition_reference,
+    path_score,
+    viterbi,
+    viterbi_batched,
     viterbi_reference,
 )
+from seqzoo.kernels.crf_viterbi import compiled_viterbi_available, viterbi_compiled
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -237,6 +241,78 @@ def test_pruned_max_plus_is_exact(scale):
     torch.nn.init.normal_(crf.transitions, std=scale)
     emissions, _, mask = _batch([9, 4, 7], tags, dtype=torch.float32)
     assert torch.equal(crf.decode(emissions, mask), viterbi_reference(emissions, mask, *crf.scores(torch.float32)))
+
+
+needs_kernel = pytest.mark.skipif(compiled_viterbi_available() is not None, reason="the C kernel is not built")
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("tags", [1, 2, 9, 50])
+def test_compiled_viterbi_equals_reference_and_batched(tags, dtype):
+    """The C kernel, the batched PyTorch path and the per-row reference find the same paths, and the
+    kernel's scores are those paths' scores, over padded rows, a length-1 row and an empty one."""
+    crf = _crf(tags, seed=tags, scale=2.0).to(dtype)
+    emissions, _, mask = _batch([13, 1, 0, 7, 13, 2], tags, seed=tags, dtype=dtype)
+    scores = tuple(x.detach() for x in crf.scores(dtype))
+    paths, best = viterbi_compiled(emissions, mask.sum(1), *scores)
+    expected = viterbi_reference(emissions, mask, *scores)
+    assert torch.equal(paths, expected)
+    assert torch.equal(viterbi_batched(emissions, mask, *scores)[0], expected)
+    eps = torch.finfo(dtype).eps
+    truth = path_score(emissions.double(), expected, mask, *(x.double() for x in scores))
+    assert ((best.double() - truth).abs() <= 64 * eps * (1 + truth.abs())).all()
+
+
+@needs_kernel
+@pytest.mark.parametrize("tags", [6, 30])  # every previous tag tried, or the pruned candidates first
+def test_compiled_viterbi_breaks_ties_like_the_reference(tags):
+    """Integer scores make many paths tie: the kernel keeps the lowest previous tag, as the reference's
+    max does, also among pruned candidates (the batched path's pruned steps break ties by score order)."""
+    gen = torch.Generator().manual_seed(4)
+    emissions = torch.randint(-1, 2, (5, 9, tags), generator=gen).float()
+    shapes = [(tags,), (tags, tags), (tags,)]
+    start, trans, end = (torch.randint(-1, 2, shape, generator=gen).float() for shape in shapes)
+    mask = torch.arange(9).unsqueeze(0) < torch.tensor([9, 5, 1, 9, 3]).unsqueeze(1)
+    emissions = emissions.masked_fill(~mask.unsqueeze(2), 0.0)
+    paths, scores = viterbi_compiled(emissions, mask.sum(1), start, trans, end)
+    assert torch.equal(paths, viterbi_reference(emissions, mask, start, trans, end))
+    assert torch.equal(scores, path_score(emissions, paths, mask, start, trans, end))
+
+
+@needs_kernel
+def test_compiled_viterbi_over_threads(monkeypatch):
+    """A batch large enough to be split over worker threads decodes as the reference does."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    crf = _crf(120, scale=0.5).float()
+    emissions, _, mask = _batch([30, 25, 30, 4, 17, 30, 30], 120, dtype=torch.float32)
+    scores = tuple(x.detach() for x in crf.scores(torch.float32))
+    expected = viterbi_reference(emissions, mask, *scores)
+    assert torch.equal(viterbi_compiled(emissions, mask.sum(1), *scores)[0], expected)
+
+
+def test_viterbi_without_the_kernel_warns_and_takes_the_batched_path(monkeypatch):
+    import seqzoo.heads.crf as crf_module
+
+    monkeypatch.setattr(crf_module, "compiled_viterbi_available", lambda: "cannot load _crf_viterbi.so (test)")
+    crf = _crf(5).float()
+    emissions, _, mask = _batch([4, 2], 5, dtype=torch.float32)
+    scores = tuple(x.detach() for x in crf.scores(torch.float32))
+    with pytest.warns(RuntimeWarning, match="slower PyTorch Viterbi: cannot load"):
+        paths, _ = viterbi(emissions, mask, *scores)
+    assert torch.equal(paths, viterbi_reference(emissions, mask, *scores))
+
+
+@needs_kernel
+def test_compiled_viterbi_refuses_bad_arguments():
+    emissions = torch.zeros(2, 3, 4)
+    scores = (torch.zeros(4), torch.zeros(4, 4), torch.zeros(4))
+    with pytest.raises(ValueError, match="lengths must be"):
+        viterbi_compiled(emissions, torch.tensor([3, 4]), *scores)
+    with pytest.raises(ValueError, match="start, trans, end"):
+        viterbi_compiled(emissions, torch.tensor([3, 1]), torch.zeros(5), *scores[1:])
+    with pytest.raises(TypeError, match="float32/float64"):
+        viterbi_compiled(emissions.half(), torch.tensor([3, 1]), *scores)
 
 
 def test_bf16_autocast_gives_float32_partition():

@@ -19,10 +19,12 @@ vector-matrix product with exp(A) per step, rows sorted by length so each step t
 rows still running) whose gradient is the exact closed form (marginals for the emissions, pair
 marginals for A). Where the exp-space recursion would lose precision (a step's mass under
 sqrt(tiny), possible only with scores more than ~40 nats apart in float32) it falls back to the
-reference. Viterbi decoding (:func:`viterbi`; :func:`viterbi_reference` is its oracle) is a
-max-plus step per position and a backtrace by gather over the stacked argmax tensor; with many tags
-a step first tries the best-scoring few previous tags and checks a bound that proves the result
-exact, else it takes the full K x K step.
+reference. Viterbi decoding (:func:`viterbi`; :func:`viterbi_reference` is its oracle) runs on the
+CPU in one call of a C kernel (:mod:`seqzoo.kernels.crf_viterbi`: per row, the max-plus recursion and
+the backtrace, rows over threads). :func:`viterbi_batched`, the path for other devices, is a max-plus
+step per position in batched tensor operations and a backtrace by gather over the stacked argmax
+tensor; with many tags a step first tries the best-scoring few previous tags and checks a bound that
+proves the result exact, else it takes the full K x K step.
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from seqzoo._warn import warn_user
 from seqzoo.data.tags import allowed_transitions
 from seqzoo.encoders.base import check_mask
+from seqzoo.kernels.crf_viterbi import compiled_viterbi_available, viterbi_compiled
 
 __all__ = [
     "CRF",
@@ -45,6 +49,7 @@ __all__ = [
     "log_partition_reference",
     "path_score",
     "viterbi",
+    "viterbi_batched",
     "viterbi_kbest",
     "viterbi_reference",
 ]
@@ -432,7 +437,23 @@ def _max_plus(delta: Tensor, trans_t: Tensor, col_max: Tensor, out: tuple[Tensor
 
 
 def viterbi(emissions: Tensor, mask: Tensor, start: Tensor, trans: Tensor, end: Tensor) -> tuple[Tensor, Tensor]:
-    """Best paths (B, T) (-1 at pads) and their scores (B,) (rows without a real token: 0)."""
+    """Best paths (B, T) (-1 at pads) and their scores (B,) (rows without a real token: 0): the compiled
+    kernel (:mod:`seqzoo.kernels.crf_viterbi`) for float32/float64 CPU tensors, else :func:`viterbi_batched`
+    (with a warning when the kernel should have run but cannot load)."""
+    if emissions.device.type == "cpu" and emissions.dtype in (torch.float32, torch.float64):
+        reason = compiled_viterbi_available()
+        if reason is None:
+            lengths = mask.sum(1)
+            return viterbi_compiled(emissions.detach(), lengths, start.detach(), trans.detach(), end.detach())
+        warn_user(f"CRF decoding falls back to the slower PyTorch Viterbi: {reason}", RuntimeWarning)
+    return viterbi_batched(emissions, mask, start, trans, end)
+
+
+def viterbi_batched(
+    emissions: Tensor, mask: Tensor, start: Tensor, trans: Tensor, end: Tensor
+) -> tuple[Tensor, Tensor]:
+    """:func:`viterbi` in batched PyTorch operations (any device): a max-plus step over the rows still
+    running per position, and a backtrace by gather."""
     order, inverse, lengths, running = _by_length(mask)
     batch, seq_len, tags = emissions.shape
     e = emissions.transpose(0, 1).index_select(1, order)  # (T, B, K)

@@ -1,0 +1,79 @@
+"""Viterbi decoding of a linear-chain CRF by the compiled C kernel (``crf_viterbi.c``).
+
+    paths, scores = viterbi_compiled(emissions, lengths, start, trans, end)
+
+    emissions (B, T, K) float32 or float64, CPU; lengths (B,) int64 real tokens per row (right-padded)
+    start, end (K,); trans (K, K), trans[i, j] scores tag i followed by tag j
+    paths     (B, T) int64, the best path of every row, -1 at pads
+    scores    (B,) its score s(y) (0 for a row without a real token)
+
+One C call decodes the whole batch (rows split over threads when the batch is large enough to pay
+for them), so a decode costs no per-step operator dispatch; the reference and the batched PyTorch
+path (the GPU's) are in :mod:`seqzoo.heads.crf`, which picks this kernel for CPU tensors when
+:func:`compiled_viterbi_available` and says so when it cannot.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import sysconfig
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+__all__ = ["compiled_viterbi_available", "viterbi_compiled"]
+
+_DTYPE_CODE = {torch.float32: 0, torch.float64: 1}
+_ABI_VERSION = 1  # crf_viterbi_abi_version() of the C source this wrapper calls
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | str:
+    """The compiled kernel, or the reason it is unavailable."""
+    path = Path(__file__).with_name("_crf_viterbi" + sysconfig.get_config_var("EXT_SUFFIX"))
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as err:
+        return f"cannot load {path.name} ({err}); reinstall seqzoo with a C compiler to build it"
+    if lib.crf_viterbi_abi_version() != _ABI_VERSION:
+        return f"{path.name} was built from other kernel sources; rebuild it (reinstall seqzoo)"
+    ptr, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.crf_viterbi.argtypes = [c_int, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ptr, ptr, c_int]
+    lib.crf_viterbi.restype = c_int
+    return lib
+
+
+def compiled_viterbi_available() -> str | None:
+    """None when the kernel is loaded, else why it is not."""
+    lib = _library()
+    return lib if isinstance(lib, str) else None
+
+
+def viterbi_compiled(
+    emissions: Tensor, lengths: Tensor, start: Tensor, trans: Tensor, end: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Best paths (B, T) (-1 at pads) and their scores (B,); see the module docstring."""
+    lib = _library()
+    if isinstance(lib, str):
+        raise RuntimeError(lib)
+    batch, time, tags = emissions.shape
+    dtype = emissions.dtype
+    if dtype not in _DTYPE_CODE or emissions.device.type != "cpu":
+        raise TypeError(f"the compiled Viterbi takes float32/float64 CPU tensors, got {dtype} on {emissions.device}")
+    if tuple(lengths.shape) != (batch,) or not bool(((lengths >= 0) & (lengths <= time)).all()):
+        raise ValueError(f"lengths must be ({batch},) with values in [0, {time}], got {lengths.tolist()}")
+    scores_in = [x.to(dtype).contiguous() for x in (start, trans, end)]
+    if [tuple(x.shape) for x in scores_in] != [(tags,), (tags, tags), (tags,)]:
+        raise ValueError(f"start, trans, end must be ({tags},), ({tags}, {tags}), ({tags},)")
+    emissions, lengths = emissions.contiguous(), lengths.to(torch.int64).contiguous()
+    paths = torch.empty(batch, time, dtype=torch.int64)
+    scores = emissions.new_empty(batch)
+    pointers = [x.data_ptr() for x in (emissions, lengths, *scores_in)]
+    status = lib.crf_viterbi(
+        _DTYPE_CODE[dtype], *pointers, batch, time, tags, paths.data_ptr(), scores.data_ptr(), torch.get_num_threads()
+    )
+    if status != 0:
+        raise RuntimeError("crf_viterbi: could not start worker threads or allocate scratch memory")
+    return paths, scores
