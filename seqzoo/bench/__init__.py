@@ -124,7 +124,7 @@ def time_cases(
 
 
 def add_timing_arguments(parser: argparse.ArgumentParser, *, warmup: int, per: str = "measurement") -> None:
-    """The options every timing benchmark shares: ``--repeats``, ``--warmup``, ``--threads`` and ``--json``."""
+    """A timing benchmark's options: ``--repeats`` (``per`` measurement), ``--warmup``, ``--threads``, ``--json``."""
     parser.add_argument("--repeats", type=positive_int, default=5, help=f"timed runs per {per} (median)")
     first = f"untimed runs first (default {warmup})"
     parser.add_argument("--warmup", type=non_negative_int, default=warmup, help=first)
@@ -132,9 +132,9 @@ def add_timing_arguments(parser: argparse.ArgumentParser, *, warmup: int, per: s
     parser.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
 
 
-def print_rows(rows: Iterable[dict], as_json: bool, table: Callable[[list[dict]], str]) -> list[dict]:
+def print_rows(rows: Iterable[dict], as_json: bool, table: Callable[[list[dict]], str]) -> None:
     """Print each row as one JSON line as soon as it comes (``as_json``), or else all rows as one
-    ``table`` at the end; returns the rows."""
+    ``table`` at the end."""
     done = []
     for row in rows:
         done.append(row)
@@ -142,4 +142,3 @@ def print_rows(rows: Iterable[dict], as_json: bool, table: Callable[[list[dict]]
             print(json.dumps(row), flush=True)
     if not as_json:
         print(table(done))
-    return done
