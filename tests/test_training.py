@@ -139,6 +139,32 @@ def test_summary_lines_show_each_metric_at_its_resolution():
     assert format_summary(summarize(folds)) == ["test_examples: 9.500 (n=1)"]  # a fold mean, not "10"
 
 
+def test_summary_shows_chunk_scores_per_type_as_a_table():
+    runs = {
+        f"seed-{i}": {
+            "test_f1": f1,
+            "test_f1_PER": per,
+            "test_precision_PER": per,
+            "test_recall_PER": per,
+            "test_f1_ORG": org,
+            "test_precision": f1,
+            "test_recall": f1,
+        }
+        for i, (f1, per, org) in enumerate([(0.9, 0.95, 0.85), (0.8, 0.85, 0.75)], start=1)
+    }
+    lines = format_summary(summarize(runs))
+    assert lines[:3] == [
+        "test_f1: 85.00% ± 7.07% (n=2)",
+        "test_precision: 85.00% ± 7.07% (n=2)",
+        "test_recall: 85.00% ± 7.07% (n=2)",
+    ]
+    assert lines[3].split() == ["test", "per", "type", "(%,", "n=2):", "precision", "recall", "f1"]
+    assert lines[4].split() == ["ORG", "-", "-", "80.00", "±", "7.07"]
+    assert lines[5].split() == ["PER", *["90.00", "±", "7.07"] * 3]
+    assert lines[6].split() == ["(micro,", "all", "types)", *["85.00", "±", "7.07"] * 3]
+    assert len(lines) == 7
+
+
 def test_step_budget_stops_mid_epoch_after_evaluating(toy_corpus, tmp_path):
     config = load_config(_config_yaml(toy_corpus, tmp_path), ["train.max_steps=45", "train.epochs=5"])
     run(config, tmp_path / "budget")

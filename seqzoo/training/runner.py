@@ -199,24 +199,49 @@ def initialise(model: nn.Module, best: Path) -> dict[str, list[str]]:
     return report
 
 
+_PER_TYPE = re.compile(r"(?P<head>.*?)(?P<score>precision|recall|f1)_(?P<kind>[^/]+)")  # chunk scores per type
+_SCORE = re.compile(r"(^|_|/)(precision|recall|f1)$")  # a micro chunk score, shown in % like accuracies
+_TYPE_COLUMNS = ("precision", "recall", "f1")
+
+
 def format_summary(summary: dict[str, Any]) -> list[str]:
     """One line per test metric: ``mean ± std (n=seeds)``; a single seed has no spread to show.
 
-    Accuracies in % with 2 decimals, counts (integers in every run, e.g. tokens, with an integral
-    mean and spread) as integers,
-    everything else (BPC, perplexity, BLEU, losses) with 3 decimals, the resolution at which models
-    are compared.
+    Accuracies and chunk precision, recall and F1 in % with 2 decimals, counts (integers in every
+    run, e.g. tokens, with an integral mean and spread) as integers, everything else (BPC,
+    perplexity, BLEU, losses) with 3 decimals, the resolution at which models are compared. Scores
+    per chunk type (a tagging run's ``precision_X``, ``recall_X``, ``f1_X``) follow as a table, a row
+    per type X and a last row of the micro scores over all types, in %.
     """
     lines = []
+    tables: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}  # head -> type -> score -> stats
     for key, s in summary["metrics"].items():
-        scale, unit, decimals = (100.0, "%", 2) if "accuracy" in key else (1.0, "", 3)
+        per_type = _PER_TYPE.fullmatch(key)
+        if per_type:
+            tables.setdefault(per_type["head"], {}).setdefault(per_type["kind"], {})[per_type["score"]] = s
+            continue
+        percent = "accuracy" in key or _SCORE.search(key) is not None
+        scale, unit, decimals = (100.0, "%", 2) if percent else (1.0, "", 3)
         counts = all(isinstance(run[key], int) for run in summary["runs"].values() if key in run)
         integral = all(float(s[k]).is_integer() for k in ("mean", "std") if s[k] is not None)  # fold means may not be
         if counts and integral:
             decimals = 0
         spread = f" ± {s['std'] * scale:.{decimals}f}{unit}" if s["n"] > 1 else ""
         lines.append(f"{key}: {s['mean'] * scale:.{decimals}f}{unit}{spread} (n={s['n']})")
+    for head, kinds in tables.items():
+        width = max(18, *(len(kind) for kind in kinds))
+        n = max(s["n"] for scores in kinds.values() for s in scores.values())
+        title = f"{head.rstrip('_/')} per type (%, n={n}):"
+        lines.append(f"{title:<{width + 2}}" + "".join(f"{c:>16}" for c in _TYPE_COLUMNS))
+        micro = {c: summary["metrics"][head + c] for c in _TYPE_COLUMNS if head + c in summary["metrics"]}
+        for kind, scores in [*sorted(kinds.items()), *([("(micro, all types)", micro)] if micro else [])]:
+            cells = [_percent(scores[c]) if c in scores else "-" for c in _TYPE_COLUMNS]
+            lines.append(f"  {kind:<{width}}" + "".join(f"{c:>16}" for c in cells))
     return lines
+
+
+def _percent(s: dict[str, Any]) -> str:
+    return f"{s['mean'] * 100:.2f}" + (f" ± {s['std'] * 100:.2f}" if s["n"] > 1 else "")
 
 
 def find_runs(run_dir: str | Path) -> list[Path]:
