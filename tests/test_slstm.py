@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from numerics import assert_close_to_float64
 from torch.func import functional_call
 
 from seqzoo.encoders.base import build_encoder
@@ -297,6 +298,66 @@ def test_gathered_path_equals_full_computation(variant):
         results.append((h, c, g, c_g, *grads))
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("window", [1, 2])
+@pytest.mark.parametrize("variant", ["official", "paper"])
+def test_compact_inference_equals_the_masked_full_computation(variant, window):
+    """Inference (no autograd) runs the real words only, deepest first, and skips the word update in
+    steps where no word is updated: float64, padded batch with an empty row, the same values as
+    computing every position and keeping the frozen ones, for every depth pattern."""
+    cell, steps = dagrn(variant=variant, window=window).cell, 4
+    gen = torch.Generator().manual_seed(2)
+    batch, time, hidden = 5, 6, 6
+    mask = torch.arange(time).unsqueeze(0) < torch.tensor([6, 2, 0, 4, 1]).unsqueeze(1)
+    real, ones = mask.unsqueeze(-1), mask.long()
+    words = torch.randn(batch, time, hidden, generator=gen, dtype=torch.float64) * real
+    start = torch.randn(batch, time, hidden, generator=gen, dtype=torch.float64) * real
+    glob = torch.randn(batch, hidden, generator=gen, dtype=torch.float64)
+    x_cell = words if variant == "official" else None
+    patterns = {
+        "all at depth 1": ones,
+        "all at depth L": steps * ones,
+        "none updated": 0 * ones,
+        "mixed": torch.randint(0, steps + 1, (batch, time), generator=gen) * ones,
+        "one deep word": ones + (torch.arange(time) == 3) * (steps - 1),
+        "beyond L": (steps + 2) * ones,
+        "every word": None,
+    }
+    word_update, steps_run = cell.word_update, []
+
+    def counting(*args):
+        steps_run.append(args[0].shape[0])
+        return word_update(*args)
+
+    for name, updates in patterns.items():
+        with torch.no_grad():
+            state = (start, start, glob, glob)
+            full = cell.run(cell.input(words), x_cell, mask, state, steps, updates, gather=False)
+            steps_run.clear()
+            cell.word_update = counting
+            try:
+                compact = cell.run(cell.project_input(words, mask), x_cell, mask, state, steps, updates)
+            finally:
+                del cell.word_update
+        for got, want in zip(compact, full, strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-12, msg=name)
+        depth = (steps * ones if updates is None else updates.clamp(max=steps)) * ones
+        assert steps_run == [int((depth > step).sum()) for step in range(int(depth.max()))], name
+
+
+def test_inference_bilstm_matches_the_packed_one():
+    """DA-GRN's inference Bi-LSTM (unpacked, each row's words reversed for the backward direction)
+    against the packed one, float32 within the float64 bound, zero at pads, an empty row included."""
+    model = dagrn().float().eval()
+    x, mask = padded_batch(4, lengths=[5, 3, 0, 1, 4])
+    x = x.nan_to_num(0.0)
+    with torch.no_grad():
+        fast = model.sequential_features(x.float(), mask)
+        packed = model.sequential(x.float(), mask)[0]
+        ref64 = model.double().sequential(x, mask)[0]
+    assert_close_to_float64(fast, ref64, packed)
+    assert (fast[~mask] == 0).all()
 
 
 def test_training_paths_agree():

@@ -43,7 +43,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqzoo.encoders.base import Encoder, State, build_encoder, check_rate, register_encoder, zero_padding
+from seqzoo.encoders.base import (
+    Encoder,
+    State,
+    build_encoder,
+    check_rate,
+    register_encoder,
+    zero_padding,
+)
 from seqzoo.encoders.rnn import sinusoidal_positions
 from seqzoo.encoders.slstm import SentenceStateCell
 
@@ -148,13 +155,40 @@ class DAGRN(Encoder):
         hard = F.one_hot(index, self.num_layers).to(soft.dtype)
         return index, hard - soft.detach() + soft  # one-hot forward, soft backward
 
+    def sequential_features(self, x: Tensor, mask: Tensor) -> Tensor:
+        """The Bi-LSTM's outputs s (B, T, H), zero at pads, over x (B, T, D) zero at pads (eq. 5).
+
+        With autograd, :attr:`sequential` as it is. Without (inference), one ``torch.lstm`` call per
+        direction over the padded batch, the reverse one over each row's words reversed: the pads
+        come after the words in both, so the outputs at the words are exact, and the batch runs
+        unpacked, which torch's CPU kernel runs faster than a packed one."""
+        if torch.is_grad_enabled():
+            return self.sequential(x, mask)[0]
+        batch, time = mask.shape
+        rnn, lengths = self.sequential.rnn, mask.sum(1, keepdim=True)  # (B, 1)
+        column = torch.arange(time, device=x.device)  # (T,)
+        # flat positions b·T + t of each row's words reversed, pads in place (its own inverse)
+        rows = time * torch.arange(batch, device=x.device).unsqueeze(1)  # (B, 1)
+        flip = (torch.where(column < lengths, lengths - 1 - column, column) + rows).flatten()  # (B·T,)
+
+        def reverse(t: Tensor) -> Tensor:  # (B, T, ·) with each row's words reversed
+            return t.reshape(batch * time, -1).index_select(0, flip).view(batch, time, -1)
+
+        zeros = x.new_zeros(1, batch, rnn.hidden_size)  # h⁰ = c⁰ = 0 (1, B, H/2)
+        outputs = []
+        for direction, weights in enumerate(rnn.all_weights):  # forward, then reverse
+            inputs = reverse(x) if direction else x
+            out = torch.lstm(inputs, (zeros, zeros), weights, rnn.bias, 1, 0.0, False, False, True)[0]
+            outputs.append(reverse(out) if direction else out)  # (B, T, H/2)
+        return torch.cat(outputs, dim=-1) * mask.unsqueeze(-1)  # (B, T, H)
+
     def forward(self, x: Tensor, mask: Tensor | None = None, state: State = None) -> tuple[Tensor, State]:
         mask = self.check_input(x, mask)
         if state is not None:
             raise ValueError("DAGRN is not stateful (a whole-sequence encoder); pass state=None")
         x = zero_padding(x, mask)  # (B, T, D)
         real = mask.unsqueeze(-1)  # (B, T, 1)
-        s, _ = self.sequential(x, mask)  # (B, T, H), eq. 5
+        s = self.sequential_features(x, mask)  # (B, T, H), eq. 5
         # the code drops each direction's outputs, then the concatenation again
         s = F.dropout(F.dropout(s, self.dropout, self.training), self.dropout, self.training)
         inner = F.dropout(torch.tanh(self.inner(s)), self.inner_dropout, self.training)  # m (B, T, d_e), eq. 6
@@ -170,7 +204,7 @@ class DAGRN(Encoder):
         x_cell = words if self.variant == "official" else None
         gather = self.gather_in_training or not self.training
         h, _, g, c_g = self.cell.run(
-            self.cell.input(words),
+            self.cell.project_input(words, mask),
             x_cell,
             mask,
             (start, start, glob, glob),

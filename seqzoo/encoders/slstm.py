@@ -32,6 +32,8 @@ State: the final global node ``(g, c_g)``, each (B, H); :meth:`SLSTM.global_stat
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -90,6 +92,17 @@ class SentenceStateCell(nn.Module):
     def extra_repr(self) -> str:
         return f"variant={self.variant!r}, window={self.window}"
 
+    def project_input(self, x: Tensor, mask: Tensor) -> Tensor:
+        """``U x + b`` (B, T, G·H) of the input x (B, T, D), :meth:`run`'s ``x_pre``. Without autograd,
+        on a padded batch, only at the real words (zero at pads, which no step reads)."""
+        if torch.is_grad_enabled() or takes_all_real_shortcut(mask):
+            return self.input(x)
+        batch, time = mask.shape
+        rows = mask.flatten().nonzero().squeeze(1)  # (M,) flat positions of the real words
+        projected = self.input(x.reshape(batch * time, -1).index_select(0, rows))  # (M, G·H)
+        out = projected.new_zeros(batch * time, projected.shape[1]).index_copy_(0, rows, projected)
+        return out.view(batch, time, -1)
+
     def windows(self, h: Tensor, c: Tensor, rows: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """The recurrent input and the neighbours' cells of the words at flat positions ``rows``
         (N,) (b·T + t), or of every position (N = B·T) when None; (N, ·) each.
@@ -121,23 +134,32 @@ class SentenceStateCell(nn.Module):
         return torch.cat([near(h, 0), left_h, right_h], dim=-1), left_c, right_c
 
     def global_update(
-        self, h: Tensor, c: Tensor, g: Tensor, c_g: Tensor, forget_pre: Tensor, mask: Tensor, count: Tensor
+        self,
+        mean_gates: Tensor,
+        c: Tensor,
+        g: Tensor,
+        c_g: Tensor,
+        forget_pre: Tensor,
+        total: Callable[[Tensor], Tensor],
+        spread: Callable[[Tensor], Tensor],
     ) -> tuple[Tensor, Tensor]:
         """The global node's step (MODELS.md 2.1 "Global node") from the previous states.
 
-        ``forget_pre`` (B, T, H) is ``U_f h_i + b_f`` of the current word states (cached by
-        :meth:`run`, so frozen words are not recomputed); h and c are zero at pads. ``count`` (B, 1)
-        is the number of real words per row, at least 1 (an empty row keeps g's own cell).
+        ``mean_gates`` (B, 2H) is ``[U_g h̄ + b_g; U_o h̄ + b_o]`` of the mean h̄ of the current word
+        states; ``forget_pre`` is ``U_f h_i + b_f`` of each word (cached by :meth:`run`, so frozen
+        words are not recomputed) and c each word's cell, in either layout: padded (B, T, H) or the
+        real words only (M, H). ``total`` sums a word tensor over each sentence's real words (B, H),
+        ``spread`` gives each word its sentence's row of a (B, H) tensor. An empty sentence keeps
+        g's own cell.
         """
-        mean = h.sum(1) / count.to(h.dtype)  # h̄ over the real words (B, H)
         on_g, out_g, forget_g = self.global_gates(g).chunk(3, dim=-1)  # W_g g, W_o g, W_f g (B, H) each
-        on_mean, out_mean = self.mean_gates(mean).chunk(2, dim=-1)  # U_g h̄ + b_g, U_o h̄ + b_o
+        on_mean, out_mean = mean_gates.chunk(2, dim=-1)  # U_g h̄ + b_g, U_o h̄ + b_o
         gate_g = torch.sigmoid(on_g + on_mean)  # f̂_g (B, H)
         gate_o = torch.sigmoid(out_g + out_mean)  # o (B, H)
         # softmax over (f̂_1..f̂_n, f̂_g) per dimension; the gates lie in (0, 1), so exp needs no shift
-        exp_words = torch.sigmoid(forget_g.unsqueeze(1) + forget_pre).exp() * mask.unsqueeze(-1)  # (B, T, H), 0 at pads
+        exp_words = torch.sigmoid(spread(forget_g) + forget_pre).exp()  # (B, T, H) or (M, H)
         exp_g = gate_g.exp()  # (B, H)
-        c_g = ((exp_words * c).sum(1) + exp_g * c_g) / (exp_words.sum(1) + exp_g)  # (B, H)
+        c_g = (total(exp_words * c) + exp_g * c_g) / (total(exp_words) + exp_g)  # (B, H)
         return gate_o * torch.tanh(c_g), c_g
 
     def word_update(
@@ -179,25 +201,34 @@ class SentenceStateCell(nn.Module):
         (``official``, else None). ``updates`` (B, T) int: word (b, t) is updated at steps
         ``0 .. updates − 1`` and then keeps its state (copy rule); None updates every real word at
         every step. The global node is updated at every step. ``gather=True`` computes only the
-        words being updated (their rows gathered, updated, scattered back); ``gather=False``
-        computes every position and keeps the old state where a word is not updated: the same
-        values, at the cost of all words. When every position is updated at every step (no pads,
-        no depths) both compute all positions, with nothing to gather or keep.
+        words being updated (their rows gathered, updated, scattered back; without autograd by
+        :meth:`run_compact`); ``gather=False`` computes every position and keeps the old state where
+        a word is not updated: the same values, at the cost of all words. When every position is
+        updated at every step (no pads, no depths) both compute all positions, with nothing to
+        gather or keep.
         """
+        every_word = updates is None and takes_all_real_shortcut(mask)  # nothing to gather or keep
+        if gather and not every_word and not torch.is_grad_enabled():
+            return self.run_compact(x_pre, x_cell, mask, state, num_steps, updates)
         h, c, g, c_g = state
         batch, time, hidden = h.shape
-        every_word = updates is None and takes_all_real_shortcut(mask)  # nothing to gather or keep
         dense = every_word or not gather
-        in_place = not dense and not torch.is_grad_enabled()  # scatter into the states (inference)
-        if in_place:
-            h, c = h.clone(), c.clone()  # the caller's tensors stay as they were
         forget_pre = self.word_forget(h)  # U_f h_i + b_f (B, T, H), refreshed only where h changes
-        count = mask.sum(1, keepdim=True).clamp(min=1)  # (B, 1) real words, for h̄
+        count = mask.sum(1, keepdim=True).clamp(min=1).to(h.dtype)  # (B, 1) real words, for h̄
+        real = mask.unsqueeze(-1).to(h.dtype)  # (B, T, 1)
+
+        def total(t: Tensor) -> Tensor:  # (B, T, H) -> (B, H), over the real words
+            return (t * real).sum(1)
+
+        def spread(t: Tensor) -> Tensor:  # (B, H) -> (B, 1, H)
+            return t.unsqueeze(1)
+
         if dense:  # every position, the same at every step
             sentence = torch.arange(batch * time, device=h.device) // time  # (B·T,) batch row of each position
         for step in range(num_steps):
             active = mask if updates is None else mask & (updates > step)  # (B, T)
-            new_g, new_c_g = self.global_update(h, c, g, c_g, forget_pre, mask, count)
+            mean_gates = self.mean_gates(total(h) / count)  # [U_g h̄ + b_g; U_o h̄ + b_o] (B, 2H)
+            new_g, new_c_g = self.global_update(mean_gates, c, g, c_g, forget_pre, total, spread)
             rows = None if dense else active.flatten().nonzero().squeeze(1)  # (N,) flat indices b·T + t
             window, c_left, c_right = self.windows(h, c, rows)  # (N, ·)
             if not dense:
@@ -214,9 +245,6 @@ class SentenceStateCell(nn.Module):
             if every_word:
                 h, c = h_rows.view(batch, time, hidden), c_rows.view(batch, time, hidden)
                 forget_pre = forget_rows.view(batch, time, hidden)
-            elif in_place:
-                for state, new in ((h, h_rows), (c, c_rows), (forget_pre, forget_rows)):
-                    state.view(batch * time, hidden).index_copy_(0, rows, new)
             elif not dense:
                 h = h.reshape(batch * time, hidden).index_copy(0, rows, h_rows).view(batch, time, hidden)
                 c = c.reshape(batch * time, hidden).index_copy(0, rows, c_rows).view(batch, time, hidden)
@@ -229,6 +257,97 @@ class SentenceStateCell(nn.Module):
                 forget_pre = torch.where(keep, forget_rows.view(batch, time, hidden), forget_pre)
             g, c_g = new_g, new_c_g
         return h, c, g, c_g
+
+    def run_compact(
+        self,
+        x_pre: Tensor,
+        x_cell: Tensor | None,
+        mask: Tensor,
+        state: tuple[Tensor, Tensor, Tensor, Tensor],
+        num_steps: int,
+        updates: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """:meth:`run` with ``gather=True`` for inference (no autograd: it writes its states in place),
+        its cost following the updates. The M real words are laid out once, flat and deepest first,
+        so the words updated at step l are the first n_l rows: sliced, not gathered, and written back
+        in place. Their neighbours are read through index lists built once (a zero row for pads and
+        positions outside the sentence); the neighbours' and the words' own states are read before
+        any is written, so the steps stay synchronous. A step that updates no word updates the
+        global node alone, from sums that did not change. Pads cost nothing.
+        """
+        h, c, g, c_g = state
+        batch, time, hidden = h.shape
+        depth = torch.full_like(mask, num_steps, dtype=torch.long) if updates is None else updates.clamp(0, num_steps)
+        row, column = mask.nonzero().unbind(1)  # (M,) each: the real words' batch rows and positions
+        word_depth = depth[row, column]  # (M,)
+        order = torch.argsort(word_depth, descending=True, stable=True)  # deepest first
+        sentence, column = row.index_select(0, order), column.index_select(0, order)  # (M,) each
+        position = sentence * time + column  # (M,) flat positions b·T + t
+        size = position.numel()
+        # n_l, the words updated at step l (depth > l), for l = 0 .. num_steps − 1
+        per_depth = torch.bincount(word_depth, minlength=num_steps + 1)  # (num_steps + 1,)
+        updated = per_depth.flip(0).cumsum(0).flip(0)[1:].tolist()
+        # the row of each position, its sentence padded by w on each side: M (a zero row) at pads and outside
+        span = time + 2 * self.window
+        slot = torch.full((batch * span,), size, dtype=torch.long, device=h.device)
+        at = sentence * span + column + self.window  # (M,) each word's place in ``slot``
+        slot[at] = torch.arange(size, device=h.device)
+
+        def neighbours(offsets: list[int]) -> Tensor:  # (M, K) rows of each word's neighbours at offsets
+            return slot[at.unsqueeze(1) + torch.tensor(offsets, device=h.device)]
+
+        left, right = list(range(-1, -self.window - 1, -1)), list(range(1, self.window + 1))
+        if self.variant == "paper":  # ξ = [h_{i−w}; …; h_{i+w}]; cells c_{i−1}, c_{i+1}
+            h_near, c_near = neighbours([*left[::-1], 0, *right]), neighbours([-1, 1])
+        else:  # [h_i; Σ_k h_{i−k}; Σ_k h_{i+k}]; Σ_k c_{i−k}, Σ_k c_{i+k}
+            h_near, c_near = neighbours([0, *left, *right]), neighbours(left + right)
+        h_rows = h.new_zeros(size + 1, hidden)  # (M + 1, H): the words, deepest first, then a zero row
+        c_rows = h.new_zeros(size + 1, hidden)
+        h_rows[:size] = h.reshape(batch * time, hidden).index_select(0, position)
+        c_rows[:size] = c.reshape(batch * time, hidden).index_select(0, position)
+        h_words, c_words = h_rows[:size], c_rows[:size]  # (M, H) views
+        forget_pre = self.word_forget(h_words)  # U_f h_i + b_f (M, H), refreshed where h changes
+        x_pre = x_pre.reshape(batch * time, -1).index_select(0, position)  # (M, G·H)
+        if x_cell is not None:
+            x_cell = x_cell.reshape(batch * time, hidden).index_select(0, position)  # (M, H)
+        count = mask.sum(1, keepdim=True).clamp(min=1).to(h.dtype)  # (B, 1)
+
+        def total(t: Tensor) -> Tensor:  # (M, H) -> (B, H), per sentence
+            return t.new_zeros(batch, t.shape[1]).index_add_(0, sentence, t)
+
+        def spread(t: Tensor) -> Tensor:  # (B, H) -> (M, H)
+            return t.index_select(0, sentence)
+
+        mean_gates = self.mean_gates(total(h_words) / count)  # [U_g h̄ + b_g; U_o h̄ + b_o] (B, 2H)
+        for n in updated:
+            new_g, new_c_g = self.global_update(mean_gates, c_words, g, c_g, forget_pre, total, spread)
+            if n:
+                near_h = h_rows.index_select(0, h_near[:n].flatten()).view(n, -1, hidden)  # (n, K, H)
+                near_c = c_rows.index_select(0, c_near[:n].flatten()).view(n, -1, hidden)  # (n, K', H)
+                window, c_left, c_right = self.gathered_window(near_h, near_c)
+                rows = sentence[:n]  # (n,)
+                pre = torch.addmm(x_pre[:n], window, self.recurrent.weight.t())  # W·window + U x + b (n, G·H)
+                pre += self.global_input(g).index_select(0, rows)  # + V g
+                cell_x = x_cell[:n] if x_cell is not None else None
+                h_new, c_new = self.word_update(pre, c_words[:n], c_left, c_right, c_g.index_select(0, rows), cell_x)
+                h_rows[:n], c_rows[:n] = h_new, c_new
+                forget_pre[:n] = self.word_forget(h_new)
+                mean_gates = self.mean_gates(total(h_words) / count)
+            g, c_g = new_g, new_c_g
+        h = h.new_zeros(batch * time, hidden).index_copy_(0, position, h_words).view(batch, time, hidden)
+        c = c.new_zeros(batch * time, hidden).index_copy_(0, position, c_words).view(batch, time, hidden)
+        return h, c, g, c_g
+
+    def gathered_window(self, near_h: Tensor, near_c: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The recurrent input and the neighbours' cells (as :meth:`windows`) of n words from their
+        gathered neighbours: ``near_h`` (n, K, H) at the offsets of :meth:`run_compact` (``paper``:
+        −w..w; ``official``: 0, −1..−w, 1..w) and ``near_c`` (n, K', H) (``paper``: −1, 1;
+        ``official``: −1..−w, 1..w)."""
+        if self.variant == "paper" or self.window == 1:  # the rows are laid out as the window already
+            return near_h.flatten(1), near_c[:, 0], near_c[:, 1]
+        w = self.window
+        window = torch.cat([near_h[:, 0], near_h[:, 1 : w + 1].sum(1), near_h[:, w + 1 :].sum(1)], dim=-1)
+        return window, near_c[:, :w].sum(1), near_c[:, w:].sum(1)
 
 
 @register_encoder("slstm")
@@ -279,11 +398,11 @@ class SLSTM(Encoder):
             c = F.dropout(x, self.dropout, self.training)
             count = mask.sum(1, keepdim=True).clamp(min=1).to(x.dtype)
             g, c_g = h.sum(1) / count, c.sum(1) / count  # masked means (the code's is over the padded length)
-            x_pre, x_cell = self.cell.input(h), c
+            x_pre, x_cell = self.cell.project_input(h, mask), c
         else:
             h = c = x.new_zeros(*x.shape[:2], hidden)
             g = c_g = x.new_zeros(batch, hidden)
-            x_pre, x_cell = self.cell.input(F.dropout(x, self.dropout, self.training)), None
+            x_pre, x_cell = self.cell.project_input(F.dropout(x, self.dropout, self.training), mask), None
         h, _, g, c_g = self.cell.run(x_pre, x_cell, mask, (h, c, g, c_g), self.num_steps)
         out = F.dropout(h, self.dropout, self.training)  # (B, T, H), zero at pads (never updated)
         return out, (g, c_g)
