@@ -1,12 +1,15 @@
 """Smoke tests of ``seqzoo bench dagrn`` (python -m seqzoo.bench.dagrn) at tiny sizes; speed is never asserted."""
 
 import json
+import textwrap
 
 import pytest
 import torch
+from conftest import train_toy_run
 
 import seqzoo.bench.dagrn as dagrn_bench
 import seqzoo.bench.encoders as enc_bench
+from seqzoo.encoders.dagrn import DAGRN
 
 TINY = ["--input", "4", "--depth-size", "2", "--layers", "3", "--batch", "2", "--repeats", "1", "--warmup", "0"]
 
@@ -33,6 +36,43 @@ def test_depth_rows_follow_the_bias(capsys):
         ratio = row["adaptive_sentences_per_s"] / row["full_depth_sentences_per_s"]
         assert row["speedup"] == pytest.approx(ratio, rel=0.01)
         assert row["stack_speedup"] > 0 and 0 < row["stack_share_full_depth"]
+
+
+@pytest.fixture(scope="module")
+def dagrn_run(tmp_path_factory):
+    model = textwrap.dedent("""\
+        model:
+          encoder: dagrn
+          encoder_args: {hidden_size: 12, num_layers: 3, depth_size: 4}
+          pooler: meanmaxglobal
+        """)
+    return train_toy_run(tmp_path_factory.mktemp("bench_dagrn"), model)
+
+
+def test_trained_run_times_the_model_on_its_test_sentences(dagrn_run, capsys):
+    args = ["--run", str(dagrn_run), "--batch", "4", "--repeats", "1", "--warmup", "0", "--threads", "1"]
+    assert dagrn_bench.main([*args, "--depth-bias=0,-50,50", "--json"]) == 0
+    own, deep, shallow = _rows(capsys)
+    test_file = dagrn_run.parent / "data" / "toy.test"
+    assert own["inputs"] == str(test_file) and own["run"] == str(dagrn_run)
+    assert own["sentences"] == len(test_file.read_text(encoding="utf-8").splitlines())
+    assert 1 <= own["mean_depth"] <= 3 and deep["mean_depth"] == 3.0 and shallow["mean_depth"] == 1.0
+    for row in (own, deep, shallow):
+        assert row["layers"] == 3 and row["model_speedup"] > 0 and row["stack_speedup"] > 0
+        ratio = row["model_adaptive_sentences_per_s"] / row["model_full_depth_sentences_per_s"]
+        assert row["model_speedup"] == pytest.approx(ratio, rel=0.01)
+    assert dagrn_bench.main([*args, "--sentences", "2", "--depth-bias", "0"]) == 0
+    out = capsys.readouterr().out
+    assert f"run {dagrn_run}" in out and "2 sentences" in out and "model" in out
+
+
+def test_depth_bias_is_undone():
+    encoder = DAGRN(4, 6, num_layers=3, depth_size=2).eval()
+    inner = torch.randn(2, 3, 2)
+    before = encoder.depth_logits(inner)
+    with dagrn_bench.depth_bias(encoder, 2.0):
+        torch.testing.assert_close(encoder.depth_logits(inner), before - 2.0 * torch.arange(3.0), rtol=0, atol=1e-6)
+    assert torch.equal(encoder.depth_logits(inner), before)
 
 
 def test_lengths_from_mr_test(tmp_path, capsys):

@@ -1,19 +1,25 @@
 """DA-GRN inference speed against the same weights at full depth: ``seqzoo bench dagrn``.
 
-The encoder (MODELS.md 2.3: token features of ``--input`` = 350 dims, hidden 400, depth embedding
-50, L = ``--layers`` 9, evaluation mode, Gumbel-Max selection without noise) encodes batches of
+A DA-GRN encoder in evaluation mode (Gumbel-Max selection without noise) encodes batches of
 ``--batch`` sentences; the same module with ``full_depth=True`` (every word updated L times, same
 weights and inputs) is timed in the same run, interleaved round-robin, median over ``--repeats``
-after ``--warmup``. Weights are random, so the predicted depths are driven by a depth bias:
-for each ``--depth-bias`` β the logits get ``−β·j`` added at depth index j (β > 0 favours shallow
-words), and each row reports the mean predicted depth over the real words and the speed-up
-``adaptive sentences/s ÷ full-depth sentences/s`` (wall clock; ``cpu_time_speedup`` the same ratio of
-this process's CPU seconds, steadier on a shared machine; ``stack_speedup`` the same ratio for the
-S-LSTM stack alone, run on the inputs the model gave it, without the Bi-LSTM and the depth
-predictor, which cost the same at any depth). Inputs: with ``--data DIR`` (a classification
-folder) the sentence lengths are those of ``DIR/mr.test`` (whitespace tokens), else random
-lengths of MR-like statistics (mean 23, clipped to 2..61); the features are random either way
-(only the lengths and depths set the cost).
+after ``--warmup``. The mean depth is driven by a depth bias: for each ``--depth-bias`` β the depth
+logits get ``−β·j`` added at depth index j (β > 0 favours shallow words; β = 0 is the model's own
+choice). Each row reports the mean predicted depth over the real words and the speed-up
+``adaptive sentences/s ÷ full-depth sentences/s`` of the encoder (wall clock; ``cpu_time_speedup``
+the same ratio of this process's CPU seconds, steadier on a shared machine; ``stack_speedup`` the
+same ratio for the S-LSTM stack alone, run on the inputs the encoder gave it, without the Bi-LSTM,
+the depth predictor and the input projection, which cost the same at any depth).
+
+``--run RUN_DIR`` (a trained classification run with a ``dagrn`` encoder, read by
+:func:`seqzoo.load`; ``--seed`` picks one of several seeds) times the trained model: the test
+sentences of its corpus (``DIR/NAME.test``, DIR the run's ``data.data_dir`` or ``--data``), in file
+order, through the model's own token embedder; the rows add the speed-up of the whole model
+(``model_speedup``: embedder, encoder, pooler and classifier). Without ``--run`` the weights are
+random (MODELS.md 2.3 sizes: token features ``--input`` 350, hidden 400, depth embedding 50,
+L = ``--layers`` 9) and so are the features; the sentence lengths are those of ``DIR/mr.test``
+(whitespace tokens) with ``--data DIR``, else random lengths of MR-like statistics (mean 23,
+clipped to 2..61): only the lengths and depths set the cost.
 
 ``--gemm-bound`` instead times one S-LSTM (``slstm``, paper variant) forward+backward step at
 ``--gemm-shape`` BxTxH against its GEMM bound: every ``nn.Linear`` product the step runs (found by
@@ -25,30 +31,41 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-from seqzoo.bench import non_negative_int, positive_int, shape_arg, time_cases
+from seqzoo.api import load
+from seqzoo.bench import non_negative_int, positive_int, print_rows, shape_arg, time_cases
 from seqzoo.encoders.base import build_encoder
 from seqzoo.encoders.dagrn import DAGRN
 
 __all__ = ["build_parser", "main"]
 
 
-class _BiasedDAGRN(DAGRN):
-    """A DA-GRN whose depth logits get ``−bias·j`` at depth index j (drives the mean depth)."""
+@contextmanager
+def depth_bias(encoder: DAGRN, bias: float) -> Iterator[None]:
+    """Within the block, ``encoder``'s depth logits get ``−bias·j`` at depth index j (bias > 0
+    favours shallow words), on any DA-GRN, trained or not."""
+    logits = encoder.depth_logits
+    levels = torch.arange(encoder.num_layers, device=encoder.depth_embedding.device)
 
-    bias: float = 0.0
+    def biased(inner: Tensor) -> Tensor:
+        return logits(inner) - bias * levels.to(inner.dtype)
 
-    def depth_logits(self, inner: Tensor) -> Tensor:
-        levels = torch.arange(self.num_layers, device=inner.device, dtype=inner.dtype)
-        return super().depth_logits(inner) - self.bias * levels
+    encoder.depth_logits = biased
+    try:
+        yield
+    finally:
+        del encoder.depth_logits
 
 
 def _floats(text: str) -> list[float]:
@@ -58,17 +75,24 @@ def _floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
-def _lengths(data: Path | None, count: int) -> tuple[list[int], str]:
-    """``count`` sentence lengths (cycling through the file if it has fewer) and where they come from."""
-    if data is None:
-        rng = random.Random(0)
-        return [min(61, max(2, round(rng.gauss(23, 10)))) for _ in range(count)], "random (MR-like: mean 23, 2..61)"
-    path = data / "mr.test"
+def _texts(path: Path) -> list[str]:
+    """The text column of a classification file (``label<TAB>text`` lines)."""
     if not path.is_file():
         raise SystemExit(f"seqzoo bench dagrn: {path} not found (--data must be a classification folder)")
-    lines = [line.split("\t", 1)[-1] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    lengths = [max(1, len(text.split())) for text in lines]
-    return [lengths[i % len(lengths)] for i in range(count)], str(path)
+    return [line.split("\t", 1)[-1] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _lengths(data: Path | None, count: int | None) -> tuple[list[int], str]:
+    """Sentence lengths and where they come from: those of ``data/mr.test`` (``count`` of them,
+    cycling through the file if it has fewer; all by default), else ``count`` (default 256) random
+    MR-like ones."""
+    if data is None:
+        rng = random.Random(0)
+        lengths = [min(61, max(2, round(rng.gauss(23, 10)))) for _ in range(count or 256)]
+        return lengths, "random (MR-like: mean 23, 2..61)"
+    path = data / "mr.test"
+    lengths = [max(1, len(text.split())) for text in _texts(path)]
+    return [lengths[i % len(lengths)] for i in range(count or len(lengths))], str(path)
 
 
 def _batches(lengths: list[int], batch: int, size: int) -> list[tuple[Tensor, Tensor]]:
@@ -106,58 +130,119 @@ def _stack_calls(model: DAGRN, batches: list[tuple[Tensor, Tensor]]) -> list[tup
     return calls
 
 
-def depth_rows(args: argparse.Namespace) -> list[dict]:
-    """One row per depth bias: mean predicted depth, adaptive and full-depth sentences/s, speed-up."""
+@dataclass
+class Workload:
+    """What the depth rows time: a DA-GRN in evaluation mode and its inputs per batch (x (B, T, D),
+    mask (B, T)); for a trained run also its whole model and the model's inputs per batch."""
+
+    encoder: DAGRN
+    features: list[tuple[Tensor, Tensor]]
+    sentences: int
+    words: int
+    source: str
+    model: nn.Module | None = None
+    inputs: list[list[Tensor]] | None = None
+
+
+def random_workload(args: argparse.Namespace) -> Workload:
+    """Random weights and features (see the module docstring)."""
     torch.manual_seed(0)
-    model = _BiasedDAGRN(args.input, args.input + args.depth_size, args.layers, args.depth_size, args.window)
-    model.eval()
+    encoder = DAGRN(args.input, args.input + args.depth_size, args.layers, args.depth_size, args.window).eval()
     lengths, source = _lengths(args.data, args.sentences)
-    batches = _batches(lengths, args.batch, args.input)
-    rows = []
-    for bias in args.depth_bias:
+    return Workload(encoder, _batches(lengths, args.batch, args.input), len(lengths), sum(lengths), source)
 
-        def encode(full_depth: bool, bias: float = bias) -> None:
-            model.bias, model.full_depth = bias, full_depth
-            with torch.no_grad():
-                for x, mask in batches:
-                    model(x, mask)
 
-        model.bias, model.full_depth = bias, False
-        calls = _stack_calls(model, batches)
-        depths = sum(int(kwargs["updates"].sum()) for _, kwargs in calls)
-        words = sum(int(mask.sum()) for _, mask in batches)
+def trained_workload(args: argparse.Namespace) -> Workload:
+    """The trained model of ``args.run`` on its corpus's test sentences (see the module docstring)."""
+    trained = load(args.run, seed=args.seed)
+    model, encoder, task = trained.model.eval(), trained.encoder, trained.task
+    if not isinstance(encoder, DAGRN) or encoder.full_depth:
+        raise SystemExit(f"seqzoo bench dagrn: {trained.path} has no depth-adaptive DA-GRN encoder ({encoder!r})")
+    data = trained.config.data
+    path = (args.data or Path(data.data_dir)) / f"{data.name}.test"
+    texts = _texts(path)[: args.sentences]
+    # the task's own encoding and batching of raw texts, as its predict has them
+    encoded = [task._encode_text(text, line)[0] for line, text in enumerate(texts, 1)]
+    inputs = [task._inputs(encoded[start : start + args.batch]) for start in range(0, len(encoded), args.batch)]
+    features: list[tuple[Tensor, Tensor]] = []  # what the model gives its encoder: x (B, T, D), mask (B, T)
+    hook = encoder.register_forward_pre_hook(lambda _, given: features.append((given[0], given[1])))
+    try:
+        with torch.no_grad():
+            for batch in inputs:
+                model(*batch)
+    finally:
+        hook.remove()
+    words = sum(int(mask.sum()) for _, mask in features)
+    return Workload(encoder, features, len(texts), words, str(path), model, inputs)
 
-        def stack(full_depth: bool, calls: list[tuple[tuple, dict]] = calls) -> None:
-            with torch.no_grad():
-                for call_args, kwargs in calls:
-                    model.cell.run(*call_args, **{**kwargs, "updates": None if full_depth else kwargs["updates"]})
 
-        cases = {
-            "adaptive": lambda: encode(False),
-            "full": lambda: encode(True),
-            "stack_adaptive": lambda: stack(False),
-            "stack_full": lambda: stack(True),
-        }
+def _row(args: argparse.Namespace, work: Workload, bias: float) -> dict:
+    """The timings of one depth bias (applied by the caller)."""
+    encoder = work.encoder
+    calls = _stack_calls(encoder, work.features)
+    depths = sum(int(kwargs["updates"].sum()) for _, kwargs in calls)
+
+    def encode(full_depth: bool) -> None:
+        encoder.full_depth = full_depth
+        with torch.no_grad():
+            for x, mask in work.features:
+                encoder(x, mask)
+
+    def classify(full_depth: bool) -> None:
+        encoder.full_depth = full_depth
+        with torch.no_grad():
+            for batch in work.inputs:
+                work.model(*batch)
+
+    def stack(full_depth: bool) -> None:
+        with torch.no_grad():
+            for call_args, kwargs in calls:
+                encoder.cell.run(*call_args, **{**kwargs, "updates": None if full_depth else kwargs["updates"]})
+
+    cases = {"adaptive": lambda: encode(False), "full": lambda: encode(True)}
+    if work.model is not None:
+        cases |= {"model_adaptive": lambda: classify(False), "model_full": lambda: classify(True)}
+    cases |= {"stack_adaptive": lambda: stack(False), "stack_full": lambda: stack(True)}
+    try:
         times = _median_times(cases, args.repeats, args.warmup)
-        rows.append(
-            {
-                "depth_bias": bias,
-                "mean_depth": round(depths / words, 3),
-                "layers": args.layers,
-                "adaptive_sentences_per_s": round(len(lengths) / times["adaptive"], 1),
-                "full_depth_sentences_per_s": round(len(lengths) / times["full"], 1),
-                "speedup": round(times["full"] / times["adaptive"], 3),
-                "cpu_time_speedup": round(times["full_cpu"] / times["adaptive_cpu"], 3),
-                "stack_speedup": round(times["stack_full"] / times["stack_adaptive"], 3),
-                "stack_share_full_depth": round(times["stack_full"] / times["full"], 3),
-                "batch": args.batch,
-                "sentences": len(lengths),
-                "mean_length": round(sum(lengths) / len(lengths), 2),
-                "inputs": source,
-                "threads": torch.get_num_threads(),
-            }
-        )
-    return rows
+    finally:
+        encoder.full_depth = False
+    row = {
+        "depth_bias": bias,
+        "mean_depth": round(depths / work.words, 3),
+        "layers": encoder.num_layers,
+        "adaptive_sentences_per_s": round(work.sentences / times["adaptive"], 1),
+        "full_depth_sentences_per_s": round(work.sentences / times["full"], 1),
+        "speedup": round(times["full"] / times["adaptive"], 3),
+        "cpu_time_speedup": round(times["full_cpu"] / times["adaptive_cpu"], 3),
+    }
+    if work.model is not None:
+        row |= {
+            "model_adaptive_sentences_per_s": round(work.sentences / times["model_adaptive"], 1),
+            "model_full_depth_sentences_per_s": round(work.sentences / times["model_full"], 1),
+            "model_speedup": round(times["model_full"] / times["model_adaptive"], 3),
+            "model_cpu_time_speedup": round(times["model_full_cpu"] / times["model_adaptive_cpu"], 3),
+        }
+    return row | {
+        "stack_speedup": round(times["stack_full"] / times["stack_adaptive"], 3),
+        "stack_share_full_depth": round(times["stack_full"] / times["full"], 3),
+        "batch": args.batch,
+        "sentences": work.sentences,
+        "mean_length": round(work.words / work.sentences, 2),
+        "inputs": work.source,
+        "run": str(args.run) if args.run else None,
+        "threads": torch.get_num_threads(),
+        "load_1min": round(os.getloadavg()[0], 2),  # the machine's load over the last minute, this run included
+    }
+
+
+def depth_rows(args: argparse.Namespace) -> Iterator[dict]:
+    """One row per depth bias (as it is measured): mean predicted depth, adaptive and full-depth
+    sentences/s and speed-ups (see the module docstring)."""
+    work = trained_workload(args) if args.run else random_workload(args)
+    for bias in args.depth_bias:
+        with depth_bias(work.encoder, bias):
+            yield _row(args, work, bias)
 
 
 def _linear_products(model: nn.Module, x: Tensor) -> list[tuple[Tensor, Tensor, Tensor | None]]:
@@ -220,10 +305,13 @@ def gemm_row(args: argparse.Namespace) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     """The options of ``seqzoo bench dagrn``."""
     parser = argparse.ArgumentParser(prog="seqzoo bench dagrn", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=None, help="a classification folder: lengths from mr.test")
+    parser.add_argument("--run", type=Path, default=None, help="a trained run with a dagrn encoder (see above)")
+    parser.add_argument("--seed", type=int, default=None, help="which seed's model of --run, where it has several")
+    parser.add_argument("--data", type=Path, default=None, help="a classification folder (lengths, or --run's texts)")
     parser.add_argument("--depth-bias", type=_floats, default="0,0.05,0.1,0.3", help="comma-separated β values")
     parser.add_argument("--batch", type=positive_int, default=32)
-    parser.add_argument("--sentences", type=positive_int, default=256, help="sentences encoded per timed run")
+    help_sentences = "sentences encoded per timed run (default: the whole test file; 256 random lengths)"
+    parser.add_argument("--sentences", type=positive_int, default=None, help=help_sentences)
     parser.add_argument("--layers", type=positive_int, default=9, help="L, the S-LSTM layers (default 9)")
     parser.add_argument("--input", type=positive_int, default=350, help="token feature size (default 300 + 50)")
     parser.add_argument("--depth-size", type=positive_int, default=50, help="depth embedding d_e (default 50)")
@@ -238,15 +326,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _table(rows: list[dict]) -> str:
-    lines = [f"inputs: {rows[0]['inputs']}; batch {rows[0]['batch']}, L = {rows[0]['layers']}"]
+    first = rows[0]
+    source = f"run {first['run']}, " if first["run"] else "random weights, "
+    lines = [
+        f"{source}inputs: {first['inputs']}; {first['sentences']} sentences, batch {first['batch']}, "
+        f"L = {first['layers']}, {first['threads']} threads, load {first['load_1min']} (1 min, at the first row)"
+    ]
+    model = "model_speedup" in first
     header = f"{'bias':>6} {'mean depth':>10} {'adaptive sent/s':>16} {'full sent/s':>12} {'speed-up':>9} {'cpu':>7}"
-    lines.append(header + f" {'stack':>7}")
+    lines.append(header + (f" {'model':>7}" if model else "") + f" {'stack':>7}")
     for r in rows:
-        lines.append(
+        line = (
             f"{r['depth_bias']:>6g} {r['mean_depth']:>10.2f} {r['adaptive_sentences_per_s']:>16.1f} "
-            f"{r['full_depth_sentences_per_s']:>12.1f} {r['speedup']:>8.2f}x {r['cpu_time_speedup']:>6.2f}x "
-            f"{r['stack_speedup']:>6.2f}x"
+            f"{r['full_depth_sentences_per_s']:>12.1f} {r['speedup']:>8.2f}x {r['cpu_time_speedup']:>6.2f}x"
         )
+        lines.append(line + (f" {r['model_speedup']:>6.2f}x" if model else "") + f" {r['stack_speedup']:>6.2f}x")
     return "\n".join(lines)
 
 
@@ -257,12 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         row = gemm_row(args)
         print(json.dumps(row) if args.json else ", ".join(f"{k}={v}" for k, v in row.items()))
         return 0
-    rows = depth_rows(args)
-    if args.json:
-        for row in rows:
-            print(json.dumps(row))
-    else:
-        print(_table(rows))
+    print_rows(depth_rows(args), args.json, _table)
     return 0
 
 
