@@ -5,6 +5,7 @@ import random
 import shutil
 import signal
 import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -120,6 +121,50 @@ def killed_run_state(command: list[str], env: dict[str, str], run_dir: Path) -> 
     killed = subprocess.run(command, env=env, capture_output=True, text=True)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     return json.loads((run_dir / "last" / "train_state.json").read_text())["loop"]
+
+
+def cli_env() -> dict[str, str]:
+    """The environment of a ``seqzoo`` subprocess: this checkout importable, one OpenMP thread, no GPU."""
+    return without_gpu({**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"})
+
+
+def kill_resume_and_rerun(task_class: str, config: Path, settings: list[str], kill_at: int, root: Path) -> dict:
+    """Train ``config`` with the ``--set`` ``settings`` into ``root/killed`` in a :func:`killing_cli` of
+    ``task_class`` SIGKILLed at its ``kill_at``-th training step, resume that run to its end, and train
+    ``config`` uninterrupted into ``root/clean`` (both in this process); the loop state of the checkpoint
+    the kill left (see :func:`assert_same_runs` to compare the two runs)."""
+    from seqzoo.cli import main
+
+    train = ["train", *(arg for setting in settings for arg in ("--set", setting))]
+    killed = root / "killed"
+    command = [sys.executable, "-c", killing_cli(task_class), *train, str(config), "--run-dir", str(killed)]
+    state = killed_run_state(command, {**cli_env(), "KILL_AT": str(kill_at)}, killed)
+    assert main([*train, "--resume", str(killed)]) == 0
+    assert main([*train, str(config), "--run-dir", str(root / "clean")]) == 0
+    return state
+
+
+def assert_same_runs(a: Path, b: Path) -> None:
+    """Runs ``a`` and ``b`` went on to their test evaluation, logged the same records (timings aside) and
+    saved the same best and last weights, bit for bit."""
+    import torch
+    from safetensors.torch import load_file
+
+    records = metric_records(a)
+    assert records == metric_records(b) and records[-1]["event"] == "test"
+    for checkpoint in ("best", "last"):
+        x, y = (load_file(run / checkpoint / "model.safetensors") for run in (a, b))
+        assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x), checkpoint
+
+
+def predicted_rows(capsys, run_dir: Path, texts: Path, *options: str) -> list[dict]:
+    """The JSON lines ``seqzoo predict RUN_DIR --input TEXTS OPTIONS`` prints (what was printed before
+    it is dropped)."""
+    from seqzoo.cli import main
+
+    capsys.readouterr()
+    assert main(["predict", str(run_dir), "--input", str(texts), *options]) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
 
 
 def metric_records(run_dir: Path) -> list[dict]:

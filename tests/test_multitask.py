@@ -4,16 +4,11 @@ orthogonality loss, a transfer stage keeps the frozen meta cells, exact resume a
 ``seqzoo predict --task``."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import metric_records, without_gpu, write_sentiment_corpus
+from conftest import assert_same_runs, kill_resume_and_rerun, metric_records, predicted_rows, write_sentiment_corpus
 from safetensors.torch import load_file
 
 from seqzoo.cli import main
@@ -21,8 +16,6 @@ from seqzoo.config import ConfigError, load_config
 from seqzoo.tasks.multitask import grad_reverse, orthogonality_loss
 from seqzoo.training.registry import get_task
 from seqzoo.training.runner import load_task, run
-
-REPO = Path(__file__).resolve().parent.parent
 
 CONFIG = """\
 task: multitask
@@ -206,53 +199,19 @@ def test_config_errors_name_the_key(corpora, tmp_path):
         _task(corpora, tmp_path, "fs", ["data.architecture=meta"])
 
 
-_KILLER = """
-import os, signal, sys
-from seqzoo.tasks import multitask
-calls = [0]
-original = multitask.MultiTask.train_loss
-def train_loss(self, batch):
-    calls[0] += 1
-    if calls[0] == int(os.environ["KILL_AT"]):
-        os.kill(os.getpid(), signal.SIGKILL)
-    return original(self, batch)
-multitask.MultiTask.train_loss = train_loss
-from seqzoo.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
-
-
 def test_resume_after_sigkill_mid_epoch_reproduces_the_uninterrupted_run(corpora, tmp_path, single_thread):
-    config = _config(corpora, tmp_path, "meta")
-    env = without_gpu({**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
-    settings = [
-        arg for key in ("train.epochs=1", "train.checkpoint_every=5", "train.log_every=3") for arg in ("--set", key)
-    ]
+    settings = ["train.epochs=1", "train.checkpoint_every=5", "train.log_every=3"]
     # 17 steps in the epoch, checkpoints every 5 steps: step 13 is killed 2 steps after the checkpoint of step 10.
-    killed = subprocess.run(
-        [sys.executable, "-c", _KILLER, "train", *settings, str(config), "--run-dir", str(tmp_path / "killed")],
-        env={**env, "KILL_AT": "13"},
-        capture_output=True,
-        text=True,
-    )
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
-    state = json.loads((tmp_path / "killed/last/train_state.json").read_text())["loop"]
+    state = kill_resume_and_rerun("multitask.MultiTask", _config(corpora, tmp_path, "meta"), settings, 13, tmp_path)
     assert (state["epoch"], state["step_in_epoch"]) == (0, 10)
-    assert main(["train", *settings, "--resume", str(tmp_path / "killed")]) == 0
-    assert main(["train", *settings, str(config), "--run-dir", str(tmp_path / "clean")]) == 0
-    records = metric_records(tmp_path / "clean")
-    assert metric_records(tmp_path / "killed") == records and records[-1]["event"] == "test"
-    a, b = (load_file(tmp_path / run / "best" / "model.safetensors") for run in ("killed", "clean"))
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert_same_runs(tmp_path / "killed", tmp_path / "clean")
 
 
 def test_predict_names_the_task(corpora, tmp_path, capsys, single_thread):
     run(load_config(_config(corpora, tmp_path, "sp"), ["train.epochs=1"]), tmp_path / "p")
     texts = tmp_path / "texts.txt"
     texts.write_text("a superb film\n\nawful\n")
-    capsys.readouterr()
-    assert main(["predict", str(tmp_path / "p"), "--input", str(texts), "--task", "beta"]) == 0
-    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    rows = predicted_rows(capsys, tmp_path / "p", texts, "--task", "beta")
     assert [r["line"] for r in rows] == [1, 3] and all(r["task"] == "beta" for r in rows)
     assert set(rows[0]["probabilities"]) == {"neg", "pos"}
     task = load_task(tmp_path / "p", with_data=False)

@@ -4,16 +4,12 @@ through the CLI, each task's CRF forbids its own scheme's transitions, a classif
 exact resume after SIGKILL, and bad sub-task configs are named."""
 
 import json
-import os
 import random
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import metric_records, without_gpu, write_sentiment_corpus
+from conftest import assert_same_runs, kill_resume_and_rerun, metric_records, predicted_rows, write_sentiment_corpus
 from safetensors.torch import load_file
 
 from seqzoo.cli import main
@@ -26,7 +22,6 @@ from seqzoo.training.runner import load_task
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-REPO = Path(__file__).resolve().parents[1]
 NAMES = "Smith Jones Brown Taylor Wilson Davies Evans Thomas".split()
 PLACES = "Paris London Berlin Madrid Rome Vienna".split()
 WORDS = {"DT": ["the", "a"], "JJ": ["big", "red", "old"], "NN": ["cat", "dog", "house", "car"], "VB": ["sees", "likes"]}
@@ -147,9 +142,7 @@ def test_architecture_trains_evaluates_reloads_and_predicts_through_the_cli(corp
 
     texts = tmp_path / "texts.txt"
     texts.write_text("Mr Smith was in New Paris today\n\nthe big dog sees a cat\n")
-    capsys.readouterr()
-    assert main(["predict", str(tmp_path / "run"), "--input", str(texts), "--task", "ner"]) == 0
-    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    rows = predicted_rows(capsys, tmp_path / "run", texts, "--task", "ner")
     assert [r["line"] for r in rows] == [1, 3] and all(r["task"] == "ner" for r in rows)
     assert set(rows[0]) == {"line", "text", "task", "tokens", "tags", "confidences", "spans"}
     assert len(rows[0]["tags"]) == len(rows[0]["confidences"]) == 7
@@ -215,42 +208,12 @@ def test_character_features_with_a_classification_task_are_refused(corpora, tmp_
         get_task("multitask").build_tasks(config)
 
 
-_KILLER = """
-import os, signal, sys
-from seqzoo.tasks import multitask
-calls = [0]
-original = multitask.MultiTask.train_loss
-def train_loss(self, batch):
-    calls[0] += 1
-    if calls[0] == int(os.environ["KILL_AT"]):
-        os.kill(os.getpid(), signal.SIGKILL)
-    return original(self, batch)
-multitask.MultiTask.train_loss = train_loss
-from seqzoo.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
-
-
 def test_resume_after_sigkill_mid_epoch_reproduces_the_uninterrupted_run(corpora, tmp_path):
-    config = _config(corpora, tmp_path, "meta")
-    env = without_gpu({**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
-    settings = [arg for key in ("train.checkpoint_every=5", "train.log_every=3") for arg in ("--set", key)]
+    settings = ["train.checkpoint_every=5", "train.log_every=3"]
     # 8 + 6 = 14 steps in the epoch, checkpoints every 5: step 13 is killed 2 steps after the checkpoint of step 10.
-    killed = subprocess.run(
-        [sys.executable, "-c", _KILLER, "train", *settings, str(config), "--run-dir", str(tmp_path / "killed")],
-        env={**env, "KILL_AT": "13"},
-        capture_output=True,
-        text=True,
-    )
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
-    state = json.loads((tmp_path / "killed/last/train_state.json").read_text())["loop"]
+    state = kill_resume_and_rerun("multitask.MultiTask", _config(corpora, tmp_path, "meta"), settings, 13, tmp_path)
     assert (state["epoch"], state["step_in_epoch"]) == (0, 10)
-    assert main(["train", *settings, "--resume", str(tmp_path / "killed")]) == 0
-    assert main(["train", *settings, str(config), "--run-dir", str(tmp_path / "clean")]) == 0
-    records = metric_records(tmp_path / "clean")
-    assert metric_records(tmp_path / "killed") == records and records[-1]["event"] == "test"
-    a, b = (load_file(tmp_path / run / "best" / "model.safetensors") for run in ("killed", "clean"))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert_same_runs(tmp_path / "killed", tmp_path / "clean")
 
 
 @pytest.mark.parametrize("architecture", ["single", "fs", "asp"])

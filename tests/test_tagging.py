@@ -4,17 +4,13 @@ encoder end to end, exact resume after SIGKILL, and bad input named by file and 
 
 import itertools
 import json
-import os
 import random
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from conftest import metric_records, without_gpu
+from conftest import assert_same_runs, kill_resume_and_rerun, metric_records, predicted_rows
 
 from seqzoo.cli import main
 from seqzoo.config import config_from_dict
@@ -24,7 +20,6 @@ from seqzoo.training.runner import load_task
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-REPO = Path(__file__).resolve().parents[1]
 NAMES = "Smith Jones Brown Taylor Wilson Davies Evans Thomas Johnson Roberts Walker Wright Green Hall Wood".split()
 PLACES = "Paris London Berlin Madrid Rome Vienna Oslo Prague Dublin Lisbon".split()
 FIRMS = "Acme Globex Initech Umbrella Hooli Vandelay".split()
@@ -111,8 +106,7 @@ def test_train_evaluate_predict_through_the_cli(trained, tmp_path, capsys):
         assert {f"f1_{kind}", f"precision_{kind}", f"recall_{kind}"} <= record.keys()
     texts = tmp_path / "in.txt"
     texts.write_text("Mr Wood said in Rome\n\nAcme Corp said it was new\n", encoding="utf-8")
-    assert main(["predict", str(trained), "--input", str(texts)]) == 0
-    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    rows = predicted_rows(capsys, trained, texts)
     assert [row["line"] for row in rows] == [1, 3]
     for row in rows:
         assert row["tokens"] == row["text"].split()
@@ -200,44 +194,15 @@ def test_softmax_decoder_trains_and_reports_its_probabilities(tmp_path, capsys):
     assert all(c >= 1 / len(task.tags) for c in row["confidences"])
 
 
-_KILLER = """
-import os, signal, sys
-from seqzoo.tasks import tagging
-calls = [0]
-original = tagging.TaggingTask.train_loss
-def train_loss(self, batch):
-    calls[0] += 1
-    if calls[0] == int(os.environ["KILL_AT"]):
-        os.kill(os.getpid(), signal.SIGKILL)
-    return original(self, batch)
-tagging.TaggingTask.train_loss = train_loss
-from seqzoo.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
-
-
 def test_resume_after_sigkill_mid_epoch_reproduces_the_uninterrupted_run(tmp_path):
     data_dir = write_corpus(tmp_path / "data", sizes=(80, 16, 16))
     config = _config(data_dir, train={"epochs": 2, "checkpoint_every": 4, "threads": 1}, model={"dropout": 0.3})
     path = _write_config(tmp_path / "c.yaml", config)
-    env = without_gpu({**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
-    base = [sys.executable, "-c", _KILLER, "train"]
     # 80 sentences / batch 8 = 10 steps per epoch, checkpoints every 4 steps: step 15 is mid-epoch 2,
     # 3 steps after the checkpoint at its step 2
-    killed = subprocess.run(
-        [*base, str(path), "--run-dir", str(tmp_path / "killed")], env={**env, "KILL_AT": "15"}, capture_output=True
-    )
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
-    state = json.loads((tmp_path / "killed/last/train_state.json").read_text())["loop"]
+    state = kill_resume_and_rerun("tagging.TaggingTask", path, [], 15, tmp_path)
     assert (state["epoch"], state["step_in_epoch"]) == (1, 2)
-    for args in (["--resume", str(tmp_path / "killed")], [str(path), "--run-dir", str(tmp_path / "clean")]):
-        done = subprocess.run([*base, *args], env={**env, "KILL_AT": "0"}, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
-    assert metric_records(tmp_path / "killed") == metric_records(tmp_path / "clean")
-    from safetensors.torch import load_file
-
-    a, b = load_file(tmp_path / "killed/best/model.safetensors"), load_file(tmp_path / "clean/best/model.safetensors")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert_same_runs(tmp_path / "killed", tmp_path / "clean")
 
 
 @pytest.mark.parametrize(
