@@ -1,4 +1,5 @@
-"""Build the optional compiled kernels, QRNN pooling and CRF Viterbi (plain C, no torch or Python headers needed).
+"""Build the optional compiled kernels: QRNN pooling, CRF Viterbi and the CRF log partition (plain C, no torch
+or Python headers needed).
 
 All metadata lives in pyproject.toml. The extension is ``optional``: where no C compiler exists
 the install still succeeds and seqzoo warns at run time that it uses the PyTorch reference.
@@ -19,9 +20,9 @@ setup(
             sources=[f"seqzoo/kernels/{name}.c"],
             depends=[f"seqzoo/kernels/{name}_body.h"],
             extra_compile_args=flags,
-            extra_link_args=[] if sys.platform == "win32" else ["-pthread"],
+            extra_link_args=[] if sys.platform == "win32" else ["-pthread", "-lm"],
             optional=True,
         )
-        for name in ("qrnn_pool", "crf_viterbi")
+        for name in ("qrnn_pool", "crf_viterbi", "crf_forward")
     ]
 )

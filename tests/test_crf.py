@@ -6,7 +6,9 @@ import math
 
 import pytest
 import torch
+from numerics import assert_all_close_to_float64
 
+import seqzoo.heads.crf as crf_module
 from seqzoo.heads.crf import (
     CRF,
     DISALLOWED,
@@ -18,6 +20,11 @@ from seqzoo.heads.crf import (
     viterbi,
     viterbi_batched,
     viterbi_reference,
+)
+from seqzoo.kernels.crf_forward import (
+    compiled_partition_available,
+    log_partition_backward_compiled,
+    log_partition_compiled,
 )
 from seqzoo.kernels.crf_viterbi import compiled_viterbi_available, viterbi_compiled
 
@@ -88,8 +95,11 @@ def test_gradients_gradcheck():
     assert torch.autograd.gradcheck(lambda e: crf(e, tags, mask), (emissions,))
 
 
+@pytest.mark.parametrize("compiled", [True, False])  # the C kernel, or _Lattice (other devices)
 @pytest.mark.parametrize("tags", [6, 70])  # the element-wise vector-matrix product and torch.mm
-def test_fast_gradient_equals_reference_gradient(tags):
+def test_fast_gradient_equals_reference_gradient(tags, compiled, monkeypatch):
+    if not compiled:
+        monkeypatch.setattr(crf_module, "_use_compiled", lambda emissions: False)
     crf = _crf(tags, scale=2.0)
     emissions, _, mask = _batch([7, 5, 5, 1, 3, 7, 2], tags)
     lattice = _Lattice.build(emissions, mask, *(x.detach() for x in crf.scores(torch.float64)))
@@ -357,3 +367,143 @@ def test_equals_pytorch_crf():
         best = ours.decode(emissions, mask)
         for b, path in enumerate(peer.decode(emissions, mask)):
             assert best[b, : len(path)].tolist() == path
+
+
+needs_partition_kernel = pytest.mark.skipif(
+    compiled_partition_available() is not None, reason="the C log-partition kernel is not built"
+)
+
+
+def _leaves(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    return [x.detach().clone().requires_grad_(True) for x in tensors]
+
+
+def _partition_and_gradients(fn, emissions, mask, scores, weights):
+    """log Z (B,) by ``fn`` and the gradients of weights . log Z w.r.t. emissions, start, trans, end."""
+    leaves = _leaves(emissions, *scores)
+    log_z = fn(leaves[0], mask, *leaves[1:])
+    return [log_z, *torch.autograd.grad(log_z @ weights, leaves)]
+
+
+@needs_partition_kernel
+@pytest.mark.parametrize("tags", [1, 2, 9, 50])
+def test_compiled_partition_equals_reference(tags):
+    """float64: the kernel's log Z and its gradients (emissions, start, transitions, end) are the reference's,
+    over padded rows, a length-1 row, an empty one and full-length ones, called directly and through autograd."""
+    crf = _crf(tags, seed=tags, scale=2.0)
+    emissions, _, mask = _batch([13, 1, 0, 7, 13, 2], tags, seed=tags)
+    emissions = emissions.masked_fill(~mask.unsqueeze(2), 0.0)
+    scores = tuple(x.detach() for x in crf.scores(torch.float64))
+    weights = torch.randn(6, dtype=torch.float64)
+    expected = _partition_and_gradients(log_partition_reference, emissions, mask, scores, weights)
+    assert expected[0][2] == 0 and (expected[1][2] == 0).all()
+    assert crf_module._use_compiled(emissions)
+    got = _partition_and_gradients(log_partition, emissions, mask, scores, weights)
+    log_z, saved = log_partition_compiled(emissions, mask.sum(1), *scores)
+    direct = [log_z, *log_partition_backward_compiled(emissions, mask.sum(1), *scores, saved, weights)]
+    for result in (got, direct):
+        for a, b in zip(result, expected, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+@needs_partition_kernel
+def test_compiled_partition_gradcheck():
+    crf = _crf(3, scale=1.5)
+    emissions, _, mask = _batch([3, 0, 2, 1], 3)
+    emissions = emissions.masked_fill(~mask.unsqueeze(2), 0.0)
+    inputs = _leaves(emissions, *crf.scores(torch.float64))
+    assert crf_module._use_compiled(emissions)
+    assert torch.autograd.gradcheck(lambda *x: log_partition(x[0], mask, *x[1:]), inputs)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_create_graph_differentiates_the_reference(compiled, monkeypatch):
+    """A backward with create_graph=True gives gradients that can be differentiated again, equal to the
+    reference's second derivatives."""
+    if not compiled:
+        monkeypatch.setattr(crf_module, "_use_compiled", lambda emissions: False)
+    crf = _crf(4)
+    emissions, _, mask = _batch([5, 3, 1], 4)
+    weights = torch.randn(3, dtype=torch.float64)
+    results = []
+    for fn in (log_partition, log_partition_reference):
+        leaves = _leaves(emissions, *crf.scores(torch.float64))
+        grads = torch.autograd.grad(fn(leaves[0], mask, *leaves[1:]) @ weights, leaves, create_graph=True)
+        penalty = sum((g**2).sum() for g in grads)
+        results.append([*grads, *torch.autograd.grad(penalty, leaves)])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+@needs_partition_kernel
+@pytest.mark.parametrize("tags", [9, 50])
+def test_compiled_partition_float32_within_float32_error_of_float64(tags):
+    """float32 log Z and gradients are off float64 by no more than the float32 reference is, up to a factor."""
+    crf = _crf(tags, seed=2)
+    emissions, _, mask = _batch([40, 33, 12, 0, 40], tags, dtype=torch.float32)
+    scores32 = tuple(x.detach().float() for x in crf.scores(torch.float64))
+    weights = torch.randn(5, dtype=torch.float64)
+    exact = _partition_and_gradients(
+        log_partition_reference, emissions.double(), mask, crf.scores(torch.float64), weights
+    )
+    twin = _partition_and_gradients(log_partition_reference, emissions, mask, scores32, weights.float())
+    got = _partition_and_gradients(log_partition, emissions, mask, scores32, weights.float())
+    assert all(x.dtype == torch.float32 for x in got)
+    assert_all_close_to_float64(got, [x.detach() for x in exact], twin)
+
+
+@needs_partition_kernel
+def test_compiled_partition_over_threads(monkeypatch):
+    """A batch large enough to be split over worker threads (and their accumulators) gives the reference's."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    crf = _crf(120, scale=0.5)
+    emissions, _, mask = _batch([30, 25, 30, 4, 17, 30, 0], 120)
+    scores = tuple(x.detach() for x in crf.scores(torch.float64))
+    weights = torch.randn(7, dtype=torch.float64)
+    expected = _partition_and_gradients(log_partition_reference, emissions, mask, scores, weights)
+    got = _partition_and_gradients(log_partition, emissions, mask, scores, weights)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_partition_without_the_kernel_warns_and_takes_the_lattice(monkeypatch):
+    monkeypatch.setattr(crf_module, "compiled_partition_available", lambda: "cannot load _crf_forward.so (test)")
+    crf = _crf(5)
+    emissions, _, mask = _batch([4, 2, 0], 5)
+    scores = tuple(x.detach() for x in crf.scores(torch.float64))
+    weights = torch.randn(3, dtype=torch.float64)
+    expected = _partition_and_gradients(log_partition_reference, emissions, mask, scores, weights)
+    with pytest.warns(RuntimeWarning, match="slower PyTorch forward-backward: cannot load"):
+        got = _partition_and_gradients(log_partition, emissions, mask, scores, weights)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    with pytest.warns(RuntimeWarning, match="slower PyTorch forward-backward"):
+        marginals = crf.marginals(emissions, mask)
+    torch.testing.assert_close(marginals, expected[1] / weights.view(3, 1, 1), rtol=1e-10, atol=1e-10)
+
+
+@needs_partition_kernel
+def test_compiled_partition_reports_lost_precision():
+    """Scores hundreds of nats apart underflow exp space in float32: the kernel says so (None) rather than
+    return a wrong value, and log_partition takes the reference."""
+    crf = _crf(5, constraints="BIO", tags=BIO).float()
+    emissions, _, mask = _batch([6, 4], 5, dtype=torch.float32)
+    emissions = emissions * 300
+    scores = tuple(x.detach() for x in crf.scores(torch.float32))
+    assert log_partition_compiled(emissions, mask.sum(1), *scores) is None
+    torch.testing.assert_close(
+        log_partition(emissions, mask, *scores), log_partition_reference(emissions, mask, *scores)
+    )
+
+
+@needs_partition_kernel
+def test_compiled_partition_refuses_bad_arguments():
+    emissions, lengths = torch.zeros(2, 3, 4), torch.tensor([3, 1])
+    scores = (torch.zeros(4), torch.zeros(4, 4), torch.zeros(4))
+    with pytest.raises(ValueError, match="lengths must be"):
+        log_partition_compiled(emissions, torch.tensor([3, 4]), *scores)
+    with pytest.raises(TypeError, match="float32/float64"):
+        log_partition_compiled(emissions.half(), lengths, *scores)
+    _, saved = log_partition_compiled(emissions, lengths, *scores)
+    with pytest.raises(ValueError, match="saved must be"):
+        log_partition_backward_compiled(emissions, lengths, *scores, saved, torch.ones(3))

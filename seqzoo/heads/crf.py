@@ -13,15 +13,23 @@ and p(y | x) = exp(s(y)) / Z with Z = sum_y' exp(s(y')) (eq. 2). Rows are right-
 True = real token). A row without a real token has the empty path: log-likelihood 0, log Z 0,
 decoded as all -1 and zero marginals.
 
-Two paths compute log Z: :func:`log_partition_reference`, the per-step ``logsumexp`` forward
-algorithm through autograd, and the fast path, a scaled forward-backward in exp space (one
-vector-matrix product with exp(A) per step, rows sorted by length so each step touches only the
-rows still running) whose gradient is the exact closed form (marginals for the emissions, pair
-marginals for A). Where the exp-space recursion would lose precision (a step's mass under
-sqrt(tiny), possible only with scores more than ~40 nats apart in float32) it falls back to the
-reference. Viterbi decoding (:func:`viterbi`; :func:`viterbi_reference` is its oracle) runs on the
-CPU in one call of a C kernel (:mod:`seqzoo.kernels.crf_viterbi`: per row, the max-plus recursion and
-the backtrace, rows over threads). :func:`viterbi_batched`, the path for other devices, is a max-plus
+Three paths compute log Z: :func:`log_partition_reference`, the per-step ``logsumexp`` forward
+algorithm through autograd (the oracle), and two fast paths, each a scaled forward-backward in exp
+space whose gradient is the exact closed form (marginals for the emissions, pair marginals for A).
+On the CPU (float32/float64) that is one call of a C kernel per batch for the forward and one for
+the backward (:mod:`seqzoo.kernels.crf_forward`: per row a vector-matrix product with exp(A) per
+step, rows over threads), which also serves :meth:`CRF.marginals`. It runs at every tag count: with
+few tags it saves the per-step dispatch of batched operations, and with hundreds it timed no slower
+than the batched products below (``seqzoo bench crf``). On other devices, and where the kernel cannot
+load, :class:`_Lattice`: one batched product per step, rows sorted by length so each step touches only
+the rows still running.
+Where the exp-space recursion would lose precision (a step's mass under sqrt(tiny), possible only with
+scores more than ~40 nats apart in float32) both fall back to the reference, as does a backward with
+``create_graph=True`` (a differentiable gradient).
+
+Viterbi decoding (:func:`viterbi`; :func:`viterbi_reference` is its oracle) runs on the CPU in one
+call of a C kernel (:mod:`seqzoo.kernels.crf_viterbi`: per row, the max-plus recursion and the
+backtrace, rows over threads). :func:`viterbi_batched`, the path for other devices, is a max-plus
 step per position in batched tensor operations and a backtrace by gather over the stacked argmax
 tensor; with many tags a step first tries the best-scoring few previous tags and checks a bound that
 proves the result exact, else it takes the full K x K step.
@@ -34,11 +42,15 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.autograd.function import once_differentiable
 
 from seqzoo._warn import warn_user
 from seqzoo.data.tags import allowed_transitions
 from seqzoo.encoders.base import check_mask
+from seqzoo.kernels.crf_forward import (
+    compiled_partition_available,
+    log_partition_backward_compiled,
+    log_partition_compiled,
+)
 from seqzoo.kernels.crf_viterbi import compiled_viterbi_available, viterbi_compiled
 
 __all__ = [
@@ -163,8 +175,7 @@ class CRF(nn.Module):
         """p(y_t = j | x) (B, T, K) by forward-backward: sums to 1 at real positions, 0 at pads."""
         with torch.autocast(emissions.device.type, enabled=False):
             emissions, mask, start, trans, end = self._inputs(emissions, mask)
-            lattice = _Lattice.build(emissions, mask, start, trans, end)
-            probs = lattice.marginals() if lattice is not None else None
+            probs = _fast_marginals(emissions, mask, start, trans, end)
             if probs is not None:
                 return probs
             with torch.enable_grad():
@@ -215,12 +226,65 @@ def viterbi_reference(emissions: Tensor, mask: Tensor, start: Tensor, trans: Ten
     return paths.to(emissions.device)
 
 
+def _use_compiled(emissions: Tensor) -> bool:
+    """Whether log Z of these emissions takes the C kernel; warns where it should but cannot load."""
+    if emissions.device.type != "cpu" or emissions.dtype not in (torch.float32, torch.float64):
+        return False
+    reason = compiled_partition_available()
+    if reason is not None:
+        warn_user(f"the CRF log partition falls back to the slower PyTorch forward-backward: {reason}", RuntimeWarning)
+    return reason is None
+
+
 def log_partition(emissions: Tensor, mask: Tensor, start: Tensor, trans: Tensor, end: Tensor) -> Tensor:
-    """log Z (B,): the scaled exp-space forward with its closed-form gradient, or the reference."""
+    """log Z (B,): a scaled exp-space forward with its closed-form gradient (the C kernel on the CPU, else
+    :class:`_Lattice`), or the reference where precision would be lost."""
+    if _use_compiled(emissions):
+        return _CompiledLogPartition.apply(emissions, start, trans, end, mask)
     lattice = _Lattice.build(emissions.detach(), mask, start.detach(), trans.detach(), end.detach())
     if lattice is None:
         return log_partition_reference(emissions, mask, start, trans, end)
     return _LogPartition.apply(emissions, start, trans, end, lattice)
+
+
+def _reference_gradients(inputs: Sequence[Tensor], mask: Tensor, grad: Tensor, needs: Sequence[bool]) -> tuple:
+    """d(grad . log Z) / d(emissions, start, trans, end) by differentiating :func:`log_partition_reference`
+    (None where ``needs`` says no gradient is wanted). Under ``create_graph=True`` (grad mode on in the
+    backward) ``inputs`` are the graph's saved tensors and the gradients are differentiable in turn."""
+    create_graph = torch.is_grad_enabled()
+    with torch.enable_grad():
+        leaves = [x if create_graph else x.detach().requires_grad_(need) for x, need in zip(inputs, needs, strict=True)]
+        log_z = log_partition_reference(leaves[0], mask, *leaves[1:])
+        wanted = [x for x, need in zip(leaves, needs, strict=True) if need]
+        got = iter(torch.autograd.grad(log_z, wanted, grad, create_graph=create_graph))
+    return tuple(next(got) if need else None for need in needs)
+
+
+class _CompiledLogPartition(torch.autograd.Function):
+    """log Z by the C kernel's forward, its gradient by the kernel's backward (marginals and pair marginals);
+    the reference where exp space would lose precision, and under ``create_graph=True``."""
+
+    @staticmethod
+    def forward(ctx: Any, emissions: Tensor, start: Tensor, trans: Tensor, end: Tensor, mask: Tensor) -> Tensor:
+        ctx.save_for_backward(emissions, start, trans, end)
+        ctx.mask, ctx.lengths = mask, mask.sum(1)  # (B,)
+        result = log_partition_compiled(emissions, ctx.lengths, start, trans, end)
+        if result is None:
+            ctx.saved = None
+            return log_partition_reference(emissions, mask, start, trans, end)
+        log_z, ctx.saved = result
+        return log_z
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        inputs = ctx.saved_tensors
+        grads = None
+        if ctx.saved is not None and not torch.is_grad_enabled():
+            detached = [x.detach() for x in inputs]
+            grads = log_partition_backward_compiled(detached[0], ctx.lengths, *detached[1:], ctx.saved, grad)
+        if grads is None:
+            grads = _reference_gradients(inputs, ctx.mask, grad, ctx.needs_input_grad[:4])
+        return (*grads, None)
 
 
 class _LogPartition(torch.autograd.Function):
@@ -229,19 +293,30 @@ class _LogPartition(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, emissions: Tensor, start: Tensor, trans: Tensor, end: Tensor, lattice: _Lattice) -> Tensor:
         ctx.lattice = lattice
-        ctx.inputs = (emissions.detach(), start.detach(), trans.detach(), end.detach())
+        ctx.save_for_backward(emissions, start, trans, end)
         return lattice.log_z
 
     @staticmethod
-    @once_differentiable
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        grads = ctx.lattice.gradients(grad)
-        if grads is None:  # the backward recursion lost precision: differentiate the reference
-            with torch.enable_grad():
-                leaves = [x.requires_grad_(True) for x in (t.clone() for t in ctx.inputs)]
-                log_z = log_partition_reference(leaves[0], ctx.lattice.mask, *leaves[1:])
-                grads = torch.autograd.grad(log_z, leaves, grad)
+        grads = None if torch.is_grad_enabled() else ctx.lattice.gradients(grad)
+        if grads is None:  # lost precision, or create_graph=True: differentiate the reference
+            grads = _reference_gradients(ctx.saved_tensors, ctx.lattice.mask, grad, ctx.needs_input_grad[:4])
         return (*grads, None)
+
+
+def _fast_marginals(emissions: Tensor, mask: Tensor, start: Tensor, trans: Tensor, end: Tensor) -> Tensor | None:
+    """p(y_t = j | x) (B, T, K), 0 at pads, by the fast path :func:`log_partition` takes (its gradient with
+    respect to the emissions), or None where exp space would lose precision."""
+    if _use_compiled(emissions):
+        lengths = mask.sum(1)  # (B,)
+        result = log_partition_compiled(emissions, lengths, start, trans, end)
+        if result is None:
+            return None
+        ones = torch.ones_like(result[0])  # (B,): the gradient of log Z w.r.t. the emissions is p_t
+        grads = log_partition_backward_compiled(emissions, lengths, start, trans, end, result[1], ones)
+        return None if grads is None else grads[0]
+    lattice = _Lattice.build(emissions, mask, start, trans, end)
+    return None if lattice is None else lattice.marginals()
 
 
 def _by_length(mask: Tensor) -> tuple[Tensor, Tensor, Tensor, list[int]]:

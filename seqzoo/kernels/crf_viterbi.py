@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["compiled_viterbi_available", "viterbi_compiled"]
+__all__ = ["DTYPE_CODE", "checked_inputs", "compiled_viterbi_available", "viterbi_compiled"]
 
-_DTYPE_CODE = {torch.float32: 0, torch.float64: 1}
+DTYPE_CODE = {torch.float32: 0, torch.float64: 1}  # the kernels' dtype argument
 _ABI_VERSION = 1  # crf_viterbi_abi_version() of the C source this wrapper calls
 
 
@@ -51,6 +51,23 @@ def compiled_viterbi_available() -> str | None:
     return lib if isinstance(lib, str) else None
 
 
+def checked_inputs(
+    kernel: str, emissions: Tensor, lengths: Tensor, start: Tensor, trans: Tensor, end: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The CRF kernels' inputs, checked and contiguous: emissions (B, T, K) float32/float64 on the CPU, lengths
+    (B,) int64 in [0, T], start (K,), trans (K, K), end (K,) in the emissions' dtype."""
+    batch, time, tags = emissions.shape
+    dtype = emissions.dtype
+    if dtype not in DTYPE_CODE or emissions.device.type != "cpu":
+        raise TypeError(f"{kernel} takes float32/float64 CPU tensors, got {dtype} on {emissions.device}")
+    if tuple(lengths.shape) != (batch,) or not bool(((lengths >= 0) & (lengths <= time)).all()):
+        raise ValueError(f"lengths must be ({batch},) with values in [0, {time}], got {lengths.tolist()}")
+    scores = [x.to(dtype).contiguous() for x in (start, trans, end)]
+    if [tuple(x.shape) for x in scores] != [(tags,), (tags, tags), (tags,)]:
+        raise ValueError(f"start, trans, end must be ({tags},), ({tags}, {tags}), ({tags},)")
+    return (emissions.contiguous(), lengths.to(torch.int64).contiguous(), *scores)
+
+
 def viterbi_compiled(
     emissions: Tensor, lengths: Tensor, start: Tensor, trans: Tensor, end: Tensor
 ) -> tuple[Tensor, Tensor]:
@@ -58,22 +75,14 @@ def viterbi_compiled(
     lib = _library()
     if isinstance(lib, str):
         raise RuntimeError(lib)
+    inputs = checked_inputs("the compiled Viterbi", emissions, lengths, start, trans, end)
     batch, time, tags = emissions.shape
-    dtype = emissions.dtype
-    if dtype not in _DTYPE_CODE or emissions.device.type != "cpu":
-        raise TypeError(f"the compiled Viterbi takes float32/float64 CPU tensors, got {dtype} on {emissions.device}")
-    if tuple(lengths.shape) != (batch,) or not bool(((lengths >= 0) & (lengths <= time)).all()):
-        raise ValueError(f"lengths must be ({batch},) with values in [0, {time}], got {lengths.tolist()}")
-    scores_in = [x.to(dtype).contiguous() for x in (start, trans, end)]
-    if [tuple(x.shape) for x in scores_in] != [(tags,), (tags, tags), (tags,)]:
-        raise ValueError(f"start, trans, end must be ({tags},), ({tags}, {tags}), ({tags},)")
-    emissions, lengths = emissions.contiguous(), lengths.to(torch.int64).contiguous()
     paths = torch.empty(batch, time, dtype=torch.int64)
     scores = emissions.new_empty(batch)
-    pointers = [x.data_ptr() for x in (emissions, lengths, *scores_in)]
     status = lib.crf_viterbi(
-        _DTYPE_CODE[dtype], *pointers, batch, time, tags, paths.data_ptr(), scores.data_ptr(), torch.get_num_threads()
-    )
+        DTYPE_CODE[emissions.dtype], *(x.data_ptr() for x in inputs), batch, time, tags,
+        paths.data_ptr(), scores.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
     if status != 0:
         raise RuntimeError("crf_viterbi: could not start worker threads or allocate scratch memory")
     return paths, scores
