@@ -334,22 +334,26 @@ def test_compact_inference_equals_the_masked_full_computation(variant, window):
         with torch.no_grad():
             state = (start, start, glob, glob)
             full = cell.run(cell.input(words), x_cell, mask, state, steps, updates, gather=False)
+            at_words = cell.run(cell.project_input(words, mask), x_cell, mask, state, steps, updates, gather=False)
             steps_run.clear()
             cell.word_update = counting
             try:
                 compact = cell.run(cell.project_input(words, mask), x_cell, mask, state, steps, updates)
             finally:
                 del cell.word_update
-        for got, want in zip(compact, full, strict=True):
+        for got, same, want in zip(compact, at_words, full, strict=True):
             torch.testing.assert_close(got, want, rtol=0, atol=1e-12, msg=name)
+            torch.testing.assert_close(same, want, rtol=0, atol=1e-12, msg=name)  # x_pre at the real words only
         depth = (steps * ones if updates is None else updates.clamp(max=steps)) * ones
         assert steps_run == [int((depth > step).sum()) for step in range(int(depth.max()))], name
 
 
 def test_inference_bilstm_matches_the_packed_one():
-    """DA-GRN's inference Bi-LSTM (unpacked, each row's words reversed for the backward direction)
-    against the packed one, float32 within the float64 bound, zero at pads, an empty row included."""
+    """DA-GRN's CPU inference Bi-LSTM (rows grouped by length, unpacked, each row's words reversed
+    for the backward direction) against the packed one, float32 within the float64 bound, zero at
+    pads, an empty row included."""
     model = dagrn().float().eval()
+    model.LSTM_GROUP = 2  # rows by length in groups of 2: (5, 4), (3, 1), (0)
     x, mask = padded_batch(4, lengths=[5, 3, 0, 1, 4])
     x = x.nan_to_num(0.0)
     with torch.no_grad():

@@ -74,6 +74,8 @@ class DAGRN(Encoder):
     repr_fields = ("num_layers", "depth_size", "window", "depth_mode", "depth_offset", "full_depth", "variant")
     #: Whether training also gathers the active words (True) or computes all and keeps the frozen ones.
     gather_in_training = True
+    #: Rows per unpacked Bi-LSTM call at CPU inference (:meth:`sequential_features`).
+    LSTM_GROUP = 8
 
     def __init__(
         self,
@@ -158,29 +160,41 @@ class DAGRN(Encoder):
     def sequential_features(self, x: Tensor, mask: Tensor) -> Tensor:
         """The Bi-LSTM's outputs s (B, T, H), zero at pads, over x (B, T, D) zero at pads (eq. 5).
 
-        With autograd, :attr:`sequential` as it is. Without (inference), one ``torch.lstm`` call per
-        direction over the padded batch, the reverse one over each row's words reversed: the pads
-        come after the words in both, so the outputs at the words are exact, and the batch runs
-        unpacked, which torch's CPU kernel runs faster than a packed one."""
-        if torch.is_grad_enabled():
+        With autograd or off the CPU, :attr:`sequential` as it is (packed). CPU inference runs the
+        rows by length, longest first, in groups of :attr:`LSTM_GROUP` cut to their longest row,
+        one unpacked ``torch.lstm`` call per group and direction (torch's fused CPU kernel; a packed
+        batch runs step by step, an unpacked one computes its pads)."""
+        if torch.is_grad_enabled() or x.device.type != "cpu":
             return self.sequential(x, mask)[0]
-        batch, time = mask.shape
-        rnn, lengths = self.sequential.rnn, mask.sum(1, keepdim=True)  # (B, 1)
-        column = torch.arange(time, device=x.device)  # (T,)
-        # flat positions b·T + t of each row's words reversed, pads in place (its own inverse)
-        rows = time * torch.arange(batch, device=x.device).unsqueeze(1)  # (B, 1)
-        flip = (torch.where(column < lengths, lengths - 1 - column, column) + rows).flatten()  # (B·T,)
+        lengths = mask.sum(1)  # (B,)
+        order = torch.argsort(lengths, descending=True)
+        s = x.new_zeros(*mask.shape, self.hidden_size)  # (B, T, H)
+        for rows in order.split(self.LSTM_GROUP):
+            length = lengths[rows]  # (b,), longest first
+            span = int(length[0])
+            if span:
+                s[rows, :span] = self._bilstm(x[rows, :span], length)
+        return s
 
-        def reverse(t: Tensor) -> Tensor:  # (B, T, ·) with each row's words reversed
+    def _bilstm(self, x: Tensor, lengths: Tensor) -> Tensor:
+        """Bi-LSTM outputs (b, t, H) over x (b, t, D), the reverse direction over each row's words
+        reversed so that in both the pads come after the words (the outputs at the words are exact)."""
+        batch, time = x.shape[:2]
+        rnn = self.sequential.rnn
+        column, ends = torch.arange(time, device=x.device), lengths.unsqueeze(1)  # (t,), (b, 1)
+        rows = time * torch.arange(batch, device=x.device).unsqueeze(1)  # (b, 1)
+        flip = (torch.where(column < ends, ends - 1 - column, column) + rows).flatten()  # (b·t,), its own inverse
+
+        def reverse(t: Tensor) -> Tensor:  # (b, t, ·) with each row's words reversed
             return t.reshape(batch * time, -1).index_select(0, flip).view(batch, time, -1)
 
-        zeros = x.new_zeros(1, batch, rnn.hidden_size)  # h⁰ = c⁰ = 0 (1, B, H/2)
+        zeros = x.new_zeros(1, batch, rnn.hidden_size)  # h⁰ = c⁰ = 0 (1, b, H/2)
         outputs = []
         for direction, weights in enumerate(rnn.all_weights):  # forward, then reverse
             inputs = reverse(x) if direction else x
             out = torch.lstm(inputs, (zeros, zeros), weights, rnn.bias, 1, 0.0, False, False, True)[0]
-            outputs.append(reverse(out) if direction else out)  # (B, T, H/2)
-        return torch.cat(outputs, dim=-1) * mask.unsqueeze(-1)  # (B, T, H)
+            outputs.append(reverse(out) if direction else out)  # (b, t, H/2)
+        return torch.cat(outputs, dim=-1) * (column < ends).unsqueeze(-1)  # (b, t, H)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, state: State = None) -> tuple[Tensor, State]:
         mask = self.check_input(x, mask)

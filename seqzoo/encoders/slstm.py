@@ -93,15 +93,11 @@ class SentenceStateCell(nn.Module):
         return f"variant={self.variant!r}, window={self.window}"
 
     def project_input(self, x: Tensor, mask: Tensor) -> Tensor:
-        """``U x + b`` (B, T, G·H) of the input x (B, T, D), :meth:`run`'s ``x_pre``. Without autograd,
-        on a padded batch, only at the real words (zero at pads, which no step reads)."""
+        """``U x + b`` of the input x (B, T, D), :meth:`run`'s ``x_pre``: (B, T, G·H), or without
+        autograd on a padded batch only at the real words, (M, G·H) in the order of ``mask.nonzero()``."""
         if torch.is_grad_enabled() or takes_all_real_shortcut(mask):
             return self.input(x)
-        batch, time = mask.shape
-        rows = mask.flatten().nonzero().squeeze(1)  # (M,) flat positions of the real words
-        projected = self.input(x.reshape(batch * time, -1).index_select(0, rows))  # (M, G·H)
-        out = projected.new_zeros(batch * time, projected.shape[1]).index_copy_(0, rows, projected)
-        return out.view(batch, time, -1)
+        return self.input(x[mask])  # (M, G·H)
 
     def windows(self, h: Tensor, c: Tensor, rows: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """The recurrent input and the neighbours' cells of the words at flat positions ``rows``
@@ -197,7 +193,8 @@ class SentenceStateCell(nn.Module):
         """``num_steps`` synchronous steps from ``state = (h, c, g, c_g)`` ((B, T, H) twice, zero
         at pads, then (B, H) twice); returns the final four.
 
-        ``x_pre`` (B, T, G·H) is ``U x + b``; ``x_cell`` (B, T, H) the x gated into the cell
+        ``x_pre`` is ``U x + b``, (B, T, G·H) or at the real words only (M, G·H) in the order of
+        ``mask.nonzero()`` (:meth:`project_input`); ``x_cell`` (B, T, H) the x gated into the cell
         (``official``, else None). ``updates`` (B, T) int: word (b, t) is updated at steps
         ``0 .. updates − 1`` and then keeps its state (copy rule); None updates every real word at
         every step. The global node is updated at every step. ``gather=True`` computes only the
@@ -210,6 +207,8 @@ class SentenceStateCell(nn.Module):
         every_word = updates is None and takes_all_real_shortcut(mask)  # nothing to gather or keep
         if gather and not every_word and not torch.is_grad_enabled():
             return self.run_compact(x_pre, x_cell, mask, state, num_steps, updates)
+        if x_pre.dim() == 2:  # the real words' rows: spread over the padded batch
+            x_pre = x_pre.new_zeros(*mask.shape, x_pre.shape[-1]).masked_scatter_(mask.unsqueeze(-1), x_pre)
         h, c, g, c_g = state
         batch, time, hidden = h.shape
         dense = every_word or not gather
@@ -307,7 +306,10 @@ class SentenceStateCell(nn.Module):
         c_rows[:size] = c.reshape(batch * time, hidden).index_select(0, position)
         h_words, c_words = h_rows[:size], c_rows[:size]  # (M, H) views
         forget_pre = self.word_forget(h_words)  # U_f h_i + b_f (M, H), refreshed where h changes
-        x_pre = x_pre.reshape(batch * time, -1).index_select(0, position)  # (M, G·H)
+        if x_pre.dim() == 3:
+            x_pre = x_pre.reshape(batch * time, -1).index_select(0, position)  # (M, G·H)
+        else:  # given at the real words in row-major order
+            x_pre = x_pre.index_select(0, order)  # (M, G·H)
         if x_cell is not None:
             x_cell = x_cell.reshape(batch * time, hidden).index_select(0, position)  # (M, H)
         count = mask.sum(1, keepdim=True).clamp(min=1).to(h.dtype)  # (B, 1)
