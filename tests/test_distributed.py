@@ -1,6 +1,7 @@
 """Data-parallel training (seqzoo.training.distributed): 2 CPU processes (gloo) started by torchrun train as
-1 process on their global batch does, and a job one of whose processes is killed stops at once and
-resumes to the uninterrupted job's result."""
+1 process on their global batch does (classification, LM, tagging with a CRF, multi-task with a tagging and a
+classification sub-task), and a job one of whose processes is killed stops at once and resumes to the
+uninterrupted job's result."""
 
 import json
 import os
@@ -12,14 +13,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import metric_records, without_gpu, write_sentiment_corpus
+from conftest import killing_cli, metric_records, without_gpu, write_sentiment_corpus
 from test_lm import write_corpus
+from test_multitask_tagging import _ner, _write
+from test_tagging import write_corpus as write_tagged_corpus
 
 from seqzoo.cli import _torchrun_argv, build_parser, main
-from seqzoo.config import RunConfig, config_from_dict
+from seqzoo.config import RunConfig, config_from_dict, load_config
 from seqzoo.data.batching import bucket_batches, shard_batches
 from seqzoo.training.checkpoint import load_tensors
 from seqzoo.training.distributed import global_batch_config
+from seqzoo.training.registry import get_task
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -226,3 +230,122 @@ def test_two_ranks_of_the_lm_recipe_train_as_one_process_on_twice_the_streams(tm
     assert _test_record(double)["test_ppl"] == pytest.approx(_test_record(single)["test_ppl"], rel=1e-4)
     steps = [[r["step"] for r in metric_records(run) if r["event"] == "epoch"] for run in (single, double)]
     assert steps == [[12], [12]]  # both trained (from the same initial weights)
+
+
+def test_two_ranks_of_the_tagging_recipe_train_as_one_process_on_the_global_batch(tmp_path):
+    """A BiLSTM-CRF with character features: 2 epochs of 8 steps of 8 sentences (4 per rank on 2)."""
+    corpus = write_tagged_corpus(tmp_path / "data", sizes=(64, 16, 16))
+    config = config_from_dict(
+        {
+            "task": "tagging",
+            "name": "toy_tagging",
+            "output_dir": str(tmp_path / "runs"),
+            "data": {"data_dir": str(corpus), "scheme": "iob2", "train_scheme": "iobes", "embedding_dim": 8},
+            "model": {
+                "encoder": "lstm",
+                "encoder_args": {"hidden_size": 6, "bidirectional": True},
+                "char_encoder": "cnn",
+                "char_embedding_dim": 4,
+                "char_hidden_size": 4,
+                "dropout": 0.0,
+            },
+            "optim": {"optimizer": "sgd", "lr": 0.5, "clip_norm": 5.0},
+            "train": {"epochs": 2, "batch_size": 4, "patience": None, "seed": 2, "progress": False, "threads": 1},
+        }
+    )
+    path = _write_config(tmp_path / "tagging.yaml", config)
+    single, double = tmp_path / "one", tmp_path / "two"
+    assert main(["train", str(path), "--run-dir", str(single), "--set", "train.batch_size=8"]) == 0
+    job = _torchrun(str(path), "--run-dir", str(double), "--set", "train.device=cpu")
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert _max_weight_difference(single, double) <= WEIGHT_TOLERANCE
+    assert "crf.transitions" in "".join(load_tensors(double / "best" / "model.safetensors"))  # the CRF trained too
+    _assert_records_close(metric_records(double), metric_records(single))
+
+
+def _assert_records_close(records: list[dict], expected: list[dict]) -> None:
+    """The same metric records, each figure up to the float32 rounding of weights that differ by a few ulps."""
+    assert [sorted(r) for r in records] == [sorted(r) for r in expected]
+    for record, want in zip(records, expected, strict=True):
+        assert record == {k: v if isinstance(v, str) else pytest.approx(v, rel=1e-4, abs=1e-6) for k, v in want.items()}
+
+
+def _multitask_config(tmp_path: Path) -> Path:
+    """ASP-MTL over an IOB2 tagging task with a CRF (64 sentences) and a classification task (48 texts): 2 epochs
+    of 8 + 6 steps of 8 examples (4 per rank on 2), checkpoints every 5 steps. The orthogonality loss is a
+    statistic of the whole batch, which each rank takes over its own part (docs/distributed.md), so it is off
+    here; the discriminator and the gradient reversal are on."""
+    _write(tmp_path / "ner", _ner, (64, 16, 16), seed=0)
+    cls = write_sentiment_corpus(tmp_path / "cls", "alpha", (48, 16, 16), seed=2)
+    path = tmp_path / "mtl.yaml"
+    path.write_text(
+        f"""\
+task: multitask
+output_dir: {tmp_path / "runs"}
+data:
+  tasks: [{{name: ner, kind: tagging, data_dir: {tmp_path / "ner"}, scheme: iob2}}, {{name: alpha, data_dir: {cls}}}]
+  architecture: asp
+  orthogonality_weight: 0.0
+  embedding_dim: 8
+model: {{encoder: lstm, encoder_args: {{hidden_size: 6}}, dropout: 0.0}}
+optim: {{optimizer: sgd, lr: 0.2, clip_norm: 5.0}}
+train: {{epochs: 2, batch_size: 4, patience: null, progress: false, log_every: 3, device: cpu, threads: 1, seed: 4,
+         checkpoint_every: 5}}
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_every_rank_draws_the_same_task_at_a_step_and_takes_its_part_of_the_batch(tmp_path):
+    path = _multitask_config(tmp_path)
+    task = get_task("multitask").build_tasks(global_batch_config(load_config(path)))[0][1]  # one process, batch 4
+    whole = task.train_batches(1)
+    shards = []
+    for rank in range(3):
+        task.shard_train(rank, 3)
+        shards.append(task.train_batches(1))
+    assert len({name for name, _ in whole}) == 2
+    kept = [(name, batch) for name, batch in whole if len(batch) >= 3]
+    for shard in shards:
+        assert [name for name, _ in shard] == [name for name, _ in kept]
+    for step, (_, batch) in enumerate(kept):
+        assert sorted(i for shard in shards for i in shard[step][1]) == sorted(batch)
+
+
+@pytest.fixture(scope="module")
+def multitask_runs(tmp_path_factory):
+    """The multi-task config trained by 1 process with batch 8 and by 2 ranks with batch 4 each."""
+    tmp_path = tmp_path_factory.mktemp("dp_mtl")
+    config = _multitask_config(tmp_path)
+    single, double = tmp_path / "one", tmp_path / "two"
+    assert main(["train", str(config), "--run-dir", str(single), "--set", "train.batch_size=8"]) == 0
+    job = _torchrun(str(config), "--run-dir", str(double))
+    assert job.returncode == 0, job.stderr[-3000:]
+    return config, single, double
+
+
+def test_two_ranks_of_the_multitask_recipe_train_as_one_process_on_the_global_batch(multitask_runs):
+    _, single, double = multitask_runs
+    assert _max_weight_difference(single, double) <= WEIGHT_TOLERANCE  # every task's head and private encoder
+    one, two = metric_records(single), metric_records(double)
+    assert [r.get("step") for r in two] == [r.get("step") for r in one] == [3, 6, 9, 12, 14, 17, 20, 23, 26, 28, None]
+    _assert_records_close(two, one)  # losses, per-task dev and test metrics
+
+
+def test_a_multitask_job_killed_mid_epoch_resumes_as_uninterrupted(multitask_runs, tmp_path):
+    config, _, uninterrupted = multitask_runs
+    script = tmp_path / "killing.py"  # run by torchrun instead of -m seqzoo: each rank dies at its 19th step
+    script.write_text(killing_cli("multitask.MultiTask"), encoding="utf-8")
+    run_dir = tmp_path / "killed"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script)]
+    env = without_gpu({**os.environ, "OMP_NUM_THREADS": "1", "KILL_AT": "19"})  # epoch 2, step 5
+    command += ["train", str(config), "--run-dir", str(run_dir)]
+    killed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert killed.returncode != 0, killed.stderr[-3000:]
+    loop = json.loads((run_dir / "last" / "train_state.json").read_text())["loop"]
+    assert (loop["epoch"], loop["step_in_epoch"], loop["global_step"]) == (1, 1, 15)  # the checkpoint of step 15
+    resumed = _torchrun("--resume", str(run_dir))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert metric_records(run_dir) == metric_records(uninterrupted)
+    assert _max_weight_difference(run_dir, uninterrupted) == 0.0

@@ -28,6 +28,10 @@ a tagging task: ``TASK/f1`` and the chunk scores with a chunk scheme, ``TASK/acc
 scheme, else accuracy), the early-stopping metric, named after that metric where every task has the same
 one (``accuracy``, ``f1``), else ``score``, and the macro ``loss``. A shared module is one module under
 several names; its tensors are saved once, under the first name (``shared.*``).
+
+Data-parallel training (docs/distributed.md): the draws depend on (seed, epoch) alone, so every rank draws the
+same task at a step and takes its part of that task's batch (:meth:`MultiTask.shard_train`); a step's losses come
+out of one forward pass (:class:`Objective`), and the model has DDP look for the modules a step leaves out.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from seqzoo.config import (
     require_ranges,
     with_recipe_arguments,
 )
-from seqzoo.data.batching import bucket_batches, pad_batch
+from seqzoo.data.batching import bucket_batches, pad_batch, shard_batches
 from seqzoo.data.chars import build_char_vocab
 from seqzoo.data.classification import ClassificationData, LabelSet, bundled_corpus_dir
 from seqzoo.data.conll import TaggedSentence
@@ -89,6 +93,7 @@ __all__ = [
     "MultiTask",
     "MultiTaskDataConfig",
     "MultiTaskModel",
+    "Objective",
     "SubTaskConfig",
     "TagOutput",
     "build_tasks",
@@ -233,6 +238,15 @@ class Features(NamedTuple):
     sentence: Tensor | None
 
 
+class Objective(NamedTuple):
+    """A training batch's losses, from one forward pass of :class:`MultiTaskModel` (None: none of that kind)."""
+
+    task: Tensor  # the task's own loss: a classification batch's mean cross-entropy, a tagging batch's mean NLL
+    auxiliary: Tensor | None  # the regularisers of the encoders the batch ran through (e.g. the MZU's)
+    adversarial: Tensor | None  # asp: L_adv, the discriminator's cross-entropy (its gradient reversed below it)
+    difference: Tensor | None  # asp: L_diff, the orthogonality loss of the batch's shared and private features
+
+
 class MultiTaskModel(nn.Module):
     """Token embedder -> shared and/or private encoders -> per-task head (module docstring): ``outputs`` maps
     each task to its number of classes (an MLP head on the pooled features) or its :class:`TagOutput` (a
@@ -308,6 +322,9 @@ class MultiTaskModel(nn.Module):
             private[name] = nn.ModuleDict(parts)
         self.private = nn.ModuleDict(private)
         self.discriminator = nn.Linear(shared.pooled_size, len(outputs)) if asp and shared else None
+        #: A step runs one task's modules: data-parallel training must look for those it left out
+        #: (DDP's find_unused_parameters, :func:`seqzoo.training.distributed.replicate`).
+        self.leaves_parameters_unused = len(outputs) > 1
         self._aliases = _aliases(self)
         self.register_state_dict_post_hook(_drop_aliases)
         self.register_load_state_dict_pre_hook(_add_aliases)
@@ -333,8 +350,29 @@ class MultiTaskModel(nn.Module):
         joined = torch.cat([f for f in (features.shared, features.private) if f is not None], dim=-1)
         return self.private[task]["head"](joined)  # (B, [T,] S + P) -> (B, C) or (B, T, K)
 
-    def forward(self, task: str, ids: Tensor, mask: Tensor, chars: Tensor | None = None) -> Tensor:
-        return self.scores(task, self.encode(task, ids, mask, chars))  # (B, C) or (B, T, K)
+    def forward(
+        self, task: str, ids: Tensor, mask: Tensor, chars: Tensor | None = None, targets: Tensor | None = None
+    ) -> Tensor | Objective:
+        """The task's scores (B, C) or (B, T, K); with ``targets`` (labels (B,) or tags (B, T), -1 at pads) the
+        training :class:`Objective` instead: every loss a step differentiates comes out of this one call, as
+        data-parallel training needs (DDP reduces the gradients of what its forward pass computed)."""
+        features = self.encode(task, ids, mask, chars)
+        scores = self.scores(task, features)  # (B, C) or (B, T, K)
+        if targets is None:
+            return scores
+        if task in self.tagging:  # the mean sentence NLL (Lample et al. eq. 2 with a CRF)
+            loss = self.private[task]["head"].nll(scores, targets, mask).sum() / len(ids)
+        else:  # Chen et al. eq. 8's cross-entropy
+            loss = F.cross_entropy(scores, targets)
+        adversarial = difference = None
+        if self.discriminator is not None:  # ASP-MTL: the task discriminator behind gradient reversal, L_diff
+            target = torch.full((len(ids),), self.task_names.index(task), device=ids.device)  # (B,)
+            adversarial = F.cross_entropy(self.discriminator(grad_reverse(features.sentence)), target)
+            shared, private = features.shared, features.private
+            if task in self.tagging:  # the real tokens' features: (N, S), (N, P)
+                shared, private = shared[mask], private[mask]
+            difference = orthogonality_loss(shared, private)
+        return Objective(loss, self.auxiliary_loss(task), adversarial, difference)
 
     def auxiliary_loss(self, task: str) -> Tensor | None:
         """The regularisers of the encoders a batch of ``task`` ran through (e.g. the MZU's), summed."""
@@ -534,6 +572,7 @@ class MultiTask:
         self.main_metrics = {name: self.parts[name].metric if name in self.parts else "accuracy" for name in outputs}
         kinds = set(self.main_metrics.values())
         self.metric = kinds.pop() if len(kinds) == 1 else "score"
+        self._shard = (0, 1)  # (rank, world size) of data-parallel training (shard_train)
 
     def _all_words(self, texts: dict[str, dict[str, list[Any]]], tagged: set[str]) -> Iterator[str]:
         """Every word of every split of every task, as the vocabulary keys it."""
@@ -580,7 +619,8 @@ class MultiTask:
     def train_batches(self, epoch: int) -> list[tuple[str, list[int]]]:
         """The epoch's ``(task, indices)`` steps: each draws a task (uniformly, or in proportion to the tasks'
         training sizes) and the task's next batch, the task's batches reshuffled whenever they run out. A
-        pure function of (seed, epoch), so a resumed run replays it."""
+        pure function of (seed, epoch), so a resumed run replays it, and so does every rank of a data-parallel run,
+        which then takes its part of each batch (:meth:`shard_train`)."""
         data: MultiTaskDataConfig = self.config.data
         seed, size = self.config.train.seed, self.config.train.batch_size
         names = list(self.subtasks)
@@ -600,7 +640,14 @@ class MultiTask:
                 queues[name] = self._task_batches(name, "train", size, order(name))
                 rounds[name] += 1
             batches.append((name, queues[name].pop(0)))
-        return batches
+        rank, world = self._shard
+        return [(name, part) for name, batch in batches for part in shard_batches([batch], rank, world)]
+
+    def shard_train(self, rank: int, world_size: int) -> None:
+        """Data-parallel training: from now on :meth:`train_batches` gives rank ``rank`` of ``world_size`` its part
+        of each step's batch (the task is built with the global batch size, and every rank draws the same task at
+        a step); a step whose batch has fewer than ``world_size`` examples is left out on every rank."""
+        self._shard = (rank, world_size)
 
     def train_loss(self, batch: tuple[str, list[int]]) -> StepLoss:
         """``λ_m`` times the task's loss (the cross-entropy of a classification batch, the mean sentence NLL
@@ -608,29 +655,22 @@ class MultiTask:
         task, indices = batch
         part = self.parts.get(task)
         if part is None:
-            ids, mask, labels = self._batch(task, "train", indices)
-            features = self.model.encode(task, ids, mask)
-            loss = F.cross_entropy(self.model.scores(task, features), labels)
+            ids, mask, targets = self._batch(task, "train", indices)
+            chars = None
         else:
             examples = [part.encoded["train"][i] for i in indices]
             ids, mask, chars = part.inputs(examples)
-            features = self.model.encode(task, ids, mask, chars)
-            emissions = self.model.scores(task, features)  # (B, T, K)
-            loss = part.head.nll(emissions, part.targets(examples), mask).sum() / len(indices)
-        loss = self.subtasks[task].weight * loss
-        auxiliary = self.model.auxiliary_loss(task)
-        if self.model.discriminator is not None:  # ASP-MTL: L_task + λ L_adv + γ L_diff
+            targets = part.targets(examples)  # (B, T)
+        objective = self.model(task, ids, mask, chars, targets)  # one forward pass (data-parallel training)
+        auxiliary = objective.auxiliary
+        if objective.adversarial is not None:  # ASP-MTL: L_task + λ L_adv + γ L_diff
             data: MultiTaskDataConfig = self.config.data
-            target = torch.full((len(indices),), self.model.task_names.index(task), device=self.device)  # (B,)
-            adversarial = F.cross_entropy(self.model.discriminator(grad_reverse(features.sentence)), target)
-            shared, private = features.shared, features.private
-            if part is not None:  # the real tokens' features: (N, S), (N, P)
-                shared, private = shared[mask], private[mask]
-            difference = orthogonality_loss(shared, private)
-            asp = data.adversarial_weight * adversarial + data.orthogonality_weight * difference
+            asp = data.adversarial_weight * objective.adversarial + data.orthogonality_weight * objective.difference
             auxiliary = asp if auxiliary is None else auxiliary + asp
+        loss = self.subtasks[task].weight * objective.task
         return StepLoss.plus(loss, auxiliary, int(mask.sum()), len(indices))
 
+    @torch.no_grad()
     def evaluate(self, split: str) -> dict[str, float]:
         """Every active task's metrics on ``split`` under ``TASK/`` (module docstring), the macro average of
         their main metrics (named :attr:`metric`) and of their losses (``loss``)."""

@@ -171,10 +171,13 @@ class _Replicated(DistributedDataParallel):
 def replicate(model: nn.Module, find_unused_parameters: bool) -> nn.Module:
     """``model`` wrapped in DDP (gradients all-reduced, averaged, during backward); ``model`` itself
     on one process. ``find_unused_parameters``: for models whose forward leaves some parameters
-    out on some steps (``train.find_unused_parameters``). Buffers are not re-broadcast at each
-    forward: every rank computes the same ones."""
+    out on some steps (``train.find_unused_parameters``); a model that does so by design (a
+    multi-task model runs one task's modules at a step) says so itself with a true
+    ``leaves_parameters_unused`` attribute, which turns it on. Buffers are not re-broadcast at
+    each forward: every rank computes the same ones."""
     if world_size() == 1:
         return model
+    find_unused_parameters = find_unused_parameters or getattr(model, "leaves_parameters_unused", False)
     device = next(model.parameters()).device
     ids = [device] if device.type == "cuda" else None
     # The option's name since torch 2.13 (broadcast_buffers before it, now deprecated).
