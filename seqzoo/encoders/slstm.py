@@ -138,15 +138,16 @@ class SentenceStateCell(nn.Module):
         forget_pre: Tensor,
         total: Callable[[Tensor], Tensor],
         spread: Callable[[Tensor], Tensor],
+        real: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """The global node's step (MODELS.md 2.1 "Global node") from the previous states.
 
         ``mean_gates`` (B, 2H) is ``[U_g h̄ + b_g; U_o h̄ + b_o]`` of the mean h̄ of the current word
         states; ``forget_pre`` is ``U_f h_i + b_f`` of each word (cached by :meth:`run`, so frozen
         words are not recomputed) and c each word's cell, in either layout: padded (B, T, H) or the
-        real words only (M, H). ``total`` sums a word tensor over each sentence's real words (B, H),
-        ``spread`` gives each word its sentence's row of a (B, H) tensor. An empty sentence keeps
-        g's own cell.
+        real words only (M, H); c is zero at pads. ``total`` sums a word tensor over each sentence (B, H),
+        ``spread`` gives each word its sentence's row of a (B, H) tensor; ``real`` (B, T, 1), in the
+        padded layout, masks the pads out of the softmax. An empty sentence keeps g's own cell.
         """
         on_g, out_g, forget_g = self.global_gates(g).chunk(3, dim=-1)  # W_g g, W_o g, W_f g (B, H) each
         on_mean, out_mean = mean_gates.chunk(2, dim=-1)  # U_g h̄ + b_g, U_o h̄ + b_o
@@ -154,6 +155,8 @@ class SentenceStateCell(nn.Module):
         gate_o = torch.sigmoid(out_g + out_mean)  # o (B, H)
         # softmax over (f̂_1..f̂_n, f̂_g) per dimension; the gates lie in (0, 1), so exp needs no shift
         exp_words = torch.sigmoid(spread(forget_g) + forget_pre).exp()  # (B, T, H) or (M, H)
+        if real is not None:
+            exp_words = exp_words * real  # 0 at pads
         exp_g = gate_g.exp()  # (B, H)
         c_g = (total(exp_words * c) + exp_g * c_g) / (total(exp_words) + exp_g)  # (B, H)
         return gate_o * torch.tanh(c_g), c_g
@@ -216,8 +219,8 @@ class SentenceStateCell(nn.Module):
         count = mask.sum(1, keepdim=True).clamp(min=1).to(h.dtype)  # (B, 1) real words, for h̄
         real = mask.unsqueeze(-1).to(h.dtype)  # (B, T, 1)
 
-        def total(t: Tensor) -> Tensor:  # (B, T, H) -> (B, H), over the real words
-            return (t * real).sum(1)
+        def total(t: Tensor) -> Tensor:  # (B, T, H) -> (B, H), zero at pads
+            return t.sum(1)
 
         def spread(t: Tensor) -> Tensor:  # (B, H) -> (B, 1, H)
             return t.unsqueeze(1)
@@ -227,7 +230,7 @@ class SentenceStateCell(nn.Module):
         for step in range(num_steps):
             active = mask if updates is None else mask & (updates > step)  # (B, T)
             mean_gates = self.mean_gates(total(h) / count)  # [U_g h̄ + b_g; U_o h̄ + b_o] (B, 2H)
-            new_g, new_c_g = self.global_update(mean_gates, c, g, c_g, forget_pre, total, spread)
+            new_g, new_c_g = self.global_update(mean_gates, c, g, c_g, forget_pre, total, spread, real)
             rows = None if dense else active.flatten().nonzero().squeeze(1)  # (N,) flat indices b·T + t
             window, c_left, c_right = self.windows(h, c, rows)  # (N, ·)
             if not dense:
