@@ -298,8 +298,8 @@ train: {{epochs: 2, batch_size: 4, patience: null, progress: false, log_every: 3
 
 
 def test_every_rank_draws_the_same_task_at_a_step_and_takes_its_part_of_the_batch(tmp_path):
-    path = _multitask_config(tmp_path)
-    task = get_task("multitask").build_tasks(global_batch_config(load_config(path)))[0][1]  # one process, batch 4
+    config = load_config(_multitask_config(tmp_path), ["train.batch_size=7"])  # the global batch of 3 ranks
+    task = get_task("multitask").build_tasks(config)[0][1]
     whole = task.train_batches(1)
     shards = []
     for rank in range(3):
@@ -307,6 +307,7 @@ def test_every_rank_draws_the_same_task_at_a_step_and_takes_its_part_of_the_batc
         shards.append(task.train_batches(1))
     assert len({name for name, _ in whole}) == 2
     kept = [(name, batch) for name, batch in whole if len(batch) >= 3]
+    assert len(kept) < len(whole)  # 64 sentences in batches of 7 leave one of 1: no rank trains on it
     for shard in shards:
         assert [name for name, _ in shard] == [name for name, _ in kept]
     for step, (_, batch) in enumerate(kept):
