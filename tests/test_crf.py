@@ -95,7 +95,7 @@ def test_gradients_gradcheck():
     assert torch.autograd.gradcheck(lambda e: crf(e, tags, mask), (emissions,))
 
 
-@pytest.mark.parametrize("compiled", [True, False])  # the C kernel, or _Lattice (other devices)
+@pytest.mark.parametrize("compiled", [True, False])  # the C kernel, or _Lattice (many tags, other devices)
 @pytest.mark.parametrize("tags", [6, 70])  # the element-wise vector-matrix product and torch.mm
 def test_fast_gradient_equals_reference_gradient(tags, compiled, monkeypatch):
     if not compiled:
@@ -464,6 +464,17 @@ def test_compiled_partition_over_threads(monkeypatch):
     got = _partition_and_gradients(log_partition, emissions, mask, scores, weights)
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_partition_path_by_device_dtype_and_tags(monkeypatch):
+    """The C kernel for float32/float64 CPU emissions up to _COMPILED_MAX_TAGS tags, _Lattice otherwise."""
+    monkeypatch.setattr(crf_module, "compiled_partition_available", lambda: None)
+    limit = crf_module._COMPILED_MAX_TAGS
+    assert crf_module._use_compiled(torch.zeros(1, 1, limit))
+    assert crf_module._use_compiled(torch.zeros(1, 1, 3, dtype=torch.float64))
+    assert not crf_module._use_compiled(torch.zeros(1, 1, limit + 1))
+    assert not crf_module._use_compiled(torch.zeros(1, 1, 3, dtype=torch.bfloat16))
+    assert not crf_module._use_compiled(torch.zeros(1, 1, 3, device="meta"))
 
 
 def test_partition_without_the_kernel_warns_and_takes_the_lattice(monkeypatch):

@@ -16,13 +16,13 @@ decoded as all -1 and zero marginals.
 Three paths compute log Z: :func:`log_partition_reference`, the per-step ``logsumexp`` forward
 algorithm through autograd (the oracle), and two fast paths, each a scaled forward-backward in exp
 space whose gradient is the exact closed form (marginals for the emissions, pair marginals for A).
-On the CPU (float32/float64) that is one call of a C kernel per batch for the forward and one for
-the backward (:mod:`seqzoo.kernels.crf_forward`: per row a vector-matrix product with exp(A) per
-step, rows over threads), which also serves :meth:`CRF.marginals`. It runs at every tag count: with
-few tags it saves the per-step dispatch of batched operations, and with hundreds it timed no slower
-than the batched products below (``seqzoo bench crf``). On other devices, and where the kernel cannot
-load, :class:`_Lattice`: one batched product per step, rows sorted by length so each step touches only
-the rows still running.
+On the CPU (float32/float64) with up to :data:`_COMPILED_MAX_TAGS` tags that is one call of a C
+kernel per batch for the forward and one for the backward (:mod:`seqzoo.kernels.crf_forward`: per row
+a vector-matrix product with exp(A) per step, rows over threads), which also serves
+:meth:`CRF.marginals`: with few tags it saves the per-step dispatch of batched operations. With more
+tags, on other devices and where the kernel cannot load, :class:`_Lattice`: one batched product per
+step, rows sorted by length so each step touches only the rows still running; with hundreds of tags
+its BLAS products, which read exp(A) once for all rows, cost less than the kernel's per-row ones.
 Where the exp-space recursion would lose precision (a step's mass under sqrt(tiny), possible only with
 scores more than ~40 nats apart in float32) both fall back to the reference, as does a backward with
 ``create_graph=True`` (a differentiable gradient).
@@ -69,6 +69,7 @@ __all__ = [
 REDUCTIONS = ("none", "sum", "mean", "token_mean")
 DISALLOWED = -10000.0  # score of a transition a tag scheme forbids: finite, so gradients stay finite
 _PRUNE_CANDIDATES = 6  # from 4 times as many tags on, Viterbi tries the best 6 previous tags first
+_COMPILED_MAX_TAGS = 128  # log Z by the C kernel up to this many tags, by _Lattice above (module docstring)
 
 
 class CRF(nn.Module):
@@ -230,6 +231,8 @@ def _use_compiled(emissions: Tensor) -> bool:
     """Whether log Z of these emissions takes the C kernel; warns where it should but cannot load."""
     if emissions.device.type != "cpu" or emissions.dtype not in (torch.float32, torch.float64):
         return False
+    if emissions.shape[2] > _COMPILED_MAX_TAGS:
+        return False
     reason = compiled_partition_available()
     if reason is not None:
         warn_user(f"the CRF log partition falls back to the slower PyTorch forward-backward: {reason}", RuntimeWarning)
@@ -237,8 +240,8 @@ def _use_compiled(emissions: Tensor) -> bool:
 
 
 def log_partition(emissions: Tensor, mask: Tensor, start: Tensor, trans: Tensor, end: Tensor) -> Tensor:
-    """log Z (B,): a scaled exp-space forward with its closed-form gradient (the C kernel on the CPU, else
-    :class:`_Lattice`), or the reference where precision would be lost."""
+    """log Z (B,): a scaled exp-space forward with its closed-form gradient (the C kernel on the CPU up to
+    :data:`_COMPILED_MAX_TAGS` tags, else :class:`_Lattice`), or the reference where precision would be lost."""
     if _use_compiled(emissions):
         return _CompiledLogPartition.apply(emissions, start, trans, end, mask)
     lattice = _Lattice.build(emissions.detach(), mask, start.detach(), trans.detach(), end.detach())
