@@ -272,9 +272,9 @@ def _assert_records_close(records: list[dict], expected: list[dict]) -> None:
 
 def _multitask_config(tmp_path: Path) -> Path:
     """ASP-MTL over an IOB2 tagging task with a CRF (64 sentences) and a classification task (48 texts): 2 epochs
-    of 8 + 6 steps of 8 examples (4 per rank on 2), checkpoints every 5 steps. The orthogonality loss is a
-    statistic of the whole batch, which each rank takes over its own part (docs/distributed.md), so it is off
-    here; the discriminator and the gradient reversal are on."""
+    of 8 + 6 steps of 8 examples (4 per rank on 2), checkpoints every 5 steps. The discriminator behind its
+    gradient reversal, and the orthogonality loss, a statistic of the whole batch (not a mean over examples),
+    which the ranks take together."""
     _write(tmp_path / "ner", _ner, (64, 16, 16), seed=0)
     cls = write_sentiment_corpus(tmp_path / "cls", "alpha", (48, 16, 16), seed=2)
     path = tmp_path / "mtl.yaml"
@@ -285,7 +285,7 @@ output_dir: {tmp_path / "runs"}
 data:
   tasks: [{{name: ner, kind: tagging, data_dir: {tmp_path / "ner"}, scheme: iob2}}, {{name: alpha, data_dir: {cls}}}]
   architecture: asp
-  orthogonality_weight: 0.0
+  orthogonality_weight: 0.1
   embedding_dim: 8
 model: {{encoder: lstm, encoder_args: {{hidden_size: 6}}, dropout: 0.0}}
 optim: {{optimizer: sgd, lr: 0.2, clip_norm: 5.0}}

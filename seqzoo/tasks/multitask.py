@@ -85,6 +85,7 @@ from seqzoo.tasks.tagging import (
     with_pretrained_words,
 )
 from seqzoo.training.devices import resolve_device
+from seqzoo.training.distributed import global_batch_loss
 from seqzoo.training.registry import register_task
 from seqzoo.training.task import StepLoss
 
@@ -192,9 +193,14 @@ def grad_reverse(x: Tensor) -> Tensor:
     return _GradReverse.apply(x)
 
 
-def orthogonality_loss(shared: Tensor, private: Tensor) -> Tensor:
-    """ASP-MTL's difference loss ``‖Sᵀ H‖_F²`` of a batch's shared (N, d_s) and private (N, d_p) features."""
-    return (shared.transpose(0, 1) @ private).pow(2).sum()  # (d_s, d_p) -> ()
+def orthogonality_loss(shared: Tensor, private: Tensor, examples: int | None = None) -> Tensor:
+    """ASP-MTL's difference loss ``‖Sᵀ H‖_F²`` of a batch's shared (N, d_s) and private (N, d_p) features. Given
+    the number of ``examples`` the rows come from, in data-parallel training, that of the global batch, of which
+    these are this rank's part (:func:`~seqzoo.training.distributed.global_batch_loss`)."""
+    product = shared.transpose(0, 1) @ private  # (d_s, d_p)
+    if examples is None:
+        return product.pow(2).sum()
+    return global_batch_loss(lambda whole: whole.pow(2).sum(), product, examples)
 
 
 class _Branch(nn.Module):
@@ -244,7 +250,7 @@ class Objective(NamedTuple):
     task: Tensor  # the task's own loss: a classification batch's mean cross-entropy, a tagging batch's mean NLL
     auxiliary: Tensor | None  # the regularisers of the encoders the batch ran through (e.g. the MZU's)
     adversarial: Tensor | None  # asp: L_adv, the discriminator's cross-entropy (its gradient reversed below it)
-    difference: Tensor | None  # asp: L_diff, the orthogonality loss of the batch's shared and private features
+    difference: Tensor | None  # asp: L_diff, the orthogonality loss of the (global) batch's shared and private features
 
 
 class MultiTaskModel(nn.Module):
@@ -371,7 +377,7 @@ class MultiTaskModel(nn.Module):
             shared, private = features.shared, features.private
             if task in self.tagging:  # the real tokens' features: (N, S), (N, P)
                 shared, private = shared[mask], private[mask]
-            difference = orthogonality_loss(shared, private)
+            difference = orthogonality_loss(shared, private, len(ids))
         return Objective(loss, self.auxiliary_loss(task), adversarial, difference)
 
     def auxiliary_loss(self, task: str) -> Tensor | None:

@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
-from torch import nn
+from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from seqzoo.config import RunConfig, TrainConfig
@@ -48,6 +48,7 @@ __all__ = [
     "broadcast",
     "gather",
     "global_batch_config",
+    "global_batch_loss",
     "init_from_env",
     "is_main",
     "launch",
@@ -137,6 +138,23 @@ def all_sum(values: list[float]) -> list[float]:
     totals = torch.tensor(values, dtype=torch.float64)  # on the CPU: gloo, whatever the model's device
     dist.all_reduce(totals)
     return totals.tolist()
+
+
+def global_batch_loss(loss: Callable[[Tensor], Tensor], part: Tensor, examples: int) -> Tensor:
+    """``loss`` of a statistic summed over the global batch's examples (e.g. ASP-MTL's ``SᵀH``), of which this rank
+    holds ``part``, the sum over its ``examples``: ``loss(part)`` on one process. Over W ranks, a stand-in whose
+    value and gradient, once the trainer weighs each rank's loss by its share ``examples / E`` of the global
+    batch's E examples and DDP averages the gradients, are those of ``loss`` of the global sum ``S``: its value is
+    ``loss(S) · E / (examples · W)``, its gradient that of ``loss`` at ``S`` times ``E / examples`` (``S`` is
+    all-reduced, in float64, outside autograd; every rank must call it at the same step)."""
+    world = world_size()
+    if world == 1:
+        return loss(part)
+    totals = torch.cat([part.detach().flatten().to("cpu", torch.float64), torch.tensor([float(examples)])])
+    dist.all_reduce(totals)  # on the CPU: gloo, whatever the model's device
+    whole = totals[:-1].view_as(part).to(part.device, part.dtype)  # S, the global batch's statistic
+    # The value loss(S); the gradient W·∇loss(S) with respect to this rank's part.
+    return loss(whole + world * (part - part.detach())) * (float(totals[-1]) / (examples * world))
 
 
 def barrier() -> None:
