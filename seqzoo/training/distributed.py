@@ -15,6 +15,8 @@ The rules (docs/distributed.md):
   each rank ``data.batch_size`` of ``data.batch_size * W`` streams).
 * The gradient is the global batch's mean: each rank's loss is weighted by its share of the
   all-reduced ``count`` before DDP averages the gradients (:meth:`seqzoo.training.trainer.Trainer`).
+  A loss of a statistic summed over the batch (not a mean over its examples) is made the global
+  batch's by :func:`global_batch_loss`.
 * Rank 0 alone writes the run directory; every rank evaluates the whole split (the same weights
   give the same metrics) and follows rank 0's figures (:func:`broadcast`).
 * The process group has a timeout (``train.dist_timeout`` seconds): a rank that stops answering
@@ -150,7 +152,8 @@ def global_batch_loss(loss: Callable[[Tensor], Tensor], part: Tensor, examples: 
     world = world_size()
     if world == 1:
         return loss(part)
-    totals = torch.cat([part.detach().flatten().to("cpu", torch.float64), torch.tensor([float(examples)])])
+    flat = part.detach().flatten().to("cpu", torch.float64)
+    totals = torch.cat([flat, flat.new_tensor([float(examples)])])
     dist.all_reduce(totals)  # on the CPU: gloo, whatever the model's device
     whole = totals[:-1].view_as(part).to(part.device, part.dtype)  # S, the global batch's statistic
     # The value loss(S); the gradient W·∇loss(S) with respect to this rank's part.
