@@ -14,7 +14,8 @@ Each is one C call for the whole batch (rows over threads when the batch is larg
 the scaled forward-backward algorithm in exp space, one vector-matrix product per row and step. Either
 returns None where exp space would lose precision (scores tens of nats apart in float32); the caller then
 takes the log-space reference, ``log_partition_reference`` in :mod:`seqzoo.heads.crf`, which picks this
-kernel for CPU tensors when :func:`compiled_partition_available` and says so when it cannot.
+kernel for CPU tensors (up to its ``_COMPILED_MAX_TAGS`` tags) when :func:`compiled_partition_available`
+and says so when it cannot.
 """
 
 from __future__ import annotations
