@@ -49,7 +49,7 @@ from seqzoo.bench import non_negative_int, positive_int, print_rows, shape_arg, 
 from seqzoo.encoders.base import build_encoder
 from seqzoo.encoders.dagrn import DAGRN
 
-__all__ = ["build_parser", "main"]
+__all__ = ["Workload", "build_parser", "depth_bias", "depth_rows", "main", "random_workload", "trained_workload"]
 
 
 @contextmanager

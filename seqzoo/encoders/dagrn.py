@@ -26,7 +26,10 @@ Pipeline over token features e (B, T, D) (GloVe + char-CNN, built outside the en
    code, or ``"paper"``): the global node is updated at every step, word i only at steps
    ``0 .. d_i − 1``, after which its state is copied upward (eq. 14). Frozen words cost no
    compute: each step gathers the active words, updates them and scatters them back (Decision 4);
-   their neighbours read the frozen states;
+   their neighbours read the frozen states. At inference the words are laid out deepest first
+   once, so a step updates a prefix of them in place, and a step with no active word updates the
+   global node only; the input projection runs at the real words only, the Bi-LSTM unpacked by
+   length groups on the CPU (:meth:`DAGRN.sequential_features`);
 8. output dropout on h. All dropouts stop at evaluation (the code's hard-coded ones did not).
 
 Gradients (MODELS.md 2.3): without straight-through the depth softmax gets none; E learns only

@@ -9,7 +9,9 @@ Every word node i and one global (sentence) node g are updated synchronously for
 recurrent steps, each step reading only the states of the step before. All words are updated
 at once: one matmul per gate group and step over the gathered rows of the words being updated
 (:meth:`SentenceStateCell.run`), which the depth-adaptive encoder (:mod:`seqzoo.encoders.dagrn`)
-uses to update only the words still active.
+uses to update only the words still active; at inference the real words are laid out once,
+deepest first, and each step updates a prefix of them in place
+(:meth:`SentenceStateCell.run_compact`).
 
 Conventions (MODELS.md 2.1–2.2):
 
