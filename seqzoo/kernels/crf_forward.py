@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import sysconfig
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from seqzoo.kernels._loader import load_kernel
 from seqzoo.kernels.crf_viterbi import DTYPE_CODE, checked_inputs
 
 __all__ = ["compiled_partition_available", "log_partition_backward_compiled", "log_partition_compiled"]
@@ -39,13 +38,9 @@ _LOST_PRECISION = 2  # the kernels' status where a normaliser fell under sqrt(ti
 @functools.cache
 def _library() -> ctypes.CDLL | str:
     """The compiled kernel, or the reason it is unavailable."""
-    path = Path(__file__).with_name("_crf_forward" + sysconfig.get_config_var("EXT_SUFFIX"))
-    try:
-        lib = ctypes.CDLL(str(path))
-    except OSError as err:
-        return f"cannot load {path.name} ({err}); reinstall seqzoo with a C compiler to build it"
-    if lib.crf_forward_abi_version() != _ABI_VERSION:
-        return f"{path.name} was built from other kernel sources; rebuild it (reinstall seqzoo)"
+    lib = load_kernel("crf_forward", _ABI_VERSION)
+    if isinstance(lib, str):
+        return lib
     ptr, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.crf_forward.argtypes = [c_int, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ptr, ptr, ptr, c_int]
     lib.crf_forward.restype = c_int

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import sysconfig
-from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from seqzoo.kernels._loader import load_kernel
 
 __all__ = ["DTYPE_CODE", "checked_inputs", "compiled_viterbi_available", "viterbi_compiled"]
 
@@ -32,13 +32,9 @@ _ABI_VERSION = 1  # crf_viterbi_abi_version() of the C source this wrapper calls
 @functools.cache
 def _library() -> ctypes.CDLL | str:
     """The compiled kernel, or the reason it is unavailable."""
-    path = Path(__file__).with_name("_crf_viterbi" + sysconfig.get_config_var("EXT_SUFFIX"))
-    try:
-        lib = ctypes.CDLL(str(path))
-    except OSError as err:
-        return f"cannot load {path.name} ({err}); reinstall seqzoo with a C compiler to build it"
-    if lib.crf_viterbi_abi_version() != _ABI_VERSION:
-        return f"{path.name} was built from other kernel sources; rebuild it (reinstall seqzoo)"
+    lib = load_kernel("crf_viterbi", _ABI_VERSION)
+    if isinstance(lib, str):
+        return lib
     ptr, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.crf_viterbi.argtypes = [c_int, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ptr, ptr, c_int]
     lib.crf_viterbi.restype = c_int

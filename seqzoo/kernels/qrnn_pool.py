@@ -40,16 +40,15 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-import sysconfig
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 
 from seqzoo._warn import warn_user
+from seqzoo.kernels._loader import load_kernel
 from seqzoo.kernels.qrnn_pool_reference import POOLINGS, qrnn_pool_reference, reference_gradients
 
 __all__ = ["POOLINGS", "pool_backend", "qrnn_layer", "qrnn_pool", "qrnn_pool_compiled", "qrnn_pool_reference"]
@@ -63,13 +62,9 @@ _ABI_VERSION = 3  # qrnn_pool_abi_version() of the C sources this wrapper calls
 @functools.cache
 def _compiled_library() -> ctypes.CDLL | str:
     """The compiled kernel, or the reason it is unavailable."""
-    path = Path(__file__).with_name("_qrnn_pool" + sysconfig.get_config_var("EXT_SUFFIX"))
-    try:
-        lib = ctypes.CDLL(str(path))
-    except OSError as err:
-        return f"cannot load {path.name} ({err}); reinstall seqzoo with a C compiler to build it"
-    if getattr(lib, "qrnn_pool_abi_version", lambda: 1)() != _ABI_VERSION:
-        return f"{path.name} was built from other kernel sources; rebuild it (reinstall seqzoo)"
+    lib = load_kernel("qrnn_pool", _ABI_VERSION)
+    if isinstance(lib, str):
+        return lib
     ptr, i64, c_int, c_double = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
     common = [c_int, ptr, i64, ptr, ptr, ptr, ptr, c_double, i64, i64, i64, c_int, c_int]
     lib.qrnn_pool_forward.argtypes = [*common, c_int, ptr, ptr, c_int]

@@ -1,0 +1,23 @@
+"""Loading the compiled kernels: plain C libraries that setuptools builds beside these modules."""
+
+from __future__ import annotations
+
+import ctypes
+import sysconfig
+from pathlib import Path
+
+__all__ = ["load_kernel"]
+
+
+def load_kernel(name: str, abi_version: int) -> ctypes.CDLL | str:
+    """The library ``_NAME`` (built from ``NAME.c``) beside this module, or why it cannot serve: it is
+    missing (no C compiler at install time), or its ``NAME_abi_version()`` is not ``abi_version`` (built
+    from other sources). The caller declares the argument types of the functions it calls."""
+    path = Path(__file__).with_name(f"_{name}" + sysconfig.get_config_var("EXT_SUFFIX"))
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as err:
+        return f"cannot load {path.name} ({err}); reinstall seqzoo with a C compiler to build it"
+    if getattr(lib, f"{name}_abi_version", lambda: 1)() != abi_version:
+        return f"{path.name} was built from other kernel sources; rebuild it (reinstall seqzoo)"
+    return lib
