@@ -163,11 +163,12 @@ class DAGRN(Encoder):
     def sequential_features(self, x: Tensor, mask: Tensor) -> Tensor:
         """The Bi-LSTM's outputs s (B, T, H), zero at pads, over x (B, T, D) zero at pads (eq. 5).
 
-        With autograd or off the CPU, :attr:`sequential` as it is (packed). CPU inference runs the
-        rows by length, longest first, in groups of :attr:`LSTM_GROUP` cut to their longest row,
-        one unpacked ``torch.lstm`` call per group and direction (torch's fused CPU kernel; a packed
-        batch runs step by step, an unpacked one computes its pads)."""
-        if torch.is_grad_enabled() or x.device.type != "cpu":
+        With autograd, off the CPU or in a trace or compiled graph, :attr:`sequential` as it is
+        (packed). CPU inference runs the rows by length, longest first, in groups of
+        :attr:`LSTM_GROUP` cut to their longest row, one unpacked ``torch.lstm`` call per group and
+        direction (torch's fused CPU kernel; a packed batch runs step by step, an unpacked one computes its pads)."""
+        recording = torch.jit.is_tracing() or torch.compiler.is_compiling()  # a graph must not bake in the lengths
+        if torch.is_grad_enabled() or x.device.type != "cpu" or recording:
             return self.sequential(x, mask)[0]
         lengths = mask.sum(1)  # (B,)
         order = torch.argsort(lengths, descending=True)

@@ -210,7 +210,8 @@ class SentenceStateCell(nn.Module):
         gather or keep.
         """
         every_word = updates is None and takes_all_real_shortcut(mask)  # nothing to gather or keep
-        if gather and not every_word and not torch.is_grad_enabled():
+        recording = torch.jit.is_tracing() or torch.compiler.is_compiling()  # a graph must not bake in the depths
+        if gather and not every_word and not torch.is_grad_enabled() and not recording:
             return self.run_compact(x_pre, x_cell, mask, state, num_steps, updates)
         if x_pre.dim() == 2:  # the real words' rows: spread over the padded batch
             x_pre = x_pre.new_zeros(*mask.shape, x_pre.shape[-1]).masked_scatter_(mask.unsqueeze(-1), x_pre)
