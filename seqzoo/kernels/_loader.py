@@ -8,11 +8,15 @@ from pathlib import Path
 
 __all__ = ["load_kernel"]
 
+_CTYPES = {"i": ctypes.c_int, "l": ctypes.c_int64, "d": ctypes.c_double, "p": ctypes.c_void_p}
 
-def load_kernel(name: str, abi_version: int) -> ctypes.CDLL | str:
+
+def load_kernel(name: str, abi_version: int, **signatures: str) -> ctypes.CDLL | str:
     """The library ``_NAME`` (built from ``NAME.c``) beside this module, or why it cannot serve: it is
     missing (no C compiler at install time), or its ``NAME_abi_version()`` is not ``abi_version`` (built
-    from other sources). The caller declares the argument types of the functions it calls."""
+    from other sources). ``signatures`` declares each function the caller uses, all returning a C
+    ``int`` status: its arguments as one letter each, ``i`` int, ``l`` int64_t, ``d`` double, ``p`` a
+    pointer (spaces ignored), e.g. ``crf_viterbi="i ppppp lll pp i"``."""
     path = Path(__file__).with_name(f"_{name}" + sysconfig.get_config_var("EXT_SUFFIX"))
     try:
         lib = ctypes.CDLL(str(path))
@@ -20,4 +24,7 @@ def load_kernel(name: str, abi_version: int) -> ctypes.CDLL | str:
         return f"cannot load {path.name} ({err}); reinstall seqzoo with a C compiler to build it"
     if getattr(lib, f"{name}_abi_version", lambda: 1)() != abi_version:
         return f"{path.name} was built from other kernel sources; rebuild it (reinstall seqzoo)"
+    for function, codes in signatures.items():
+        getattr(lib, function).argtypes = [_CTYPES[code] for code in codes.replace(" ", "")]
+        getattr(lib, function).restype = ctypes.c_int
     return lib

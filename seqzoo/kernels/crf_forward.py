@@ -38,15 +38,9 @@ _LOST_PRECISION = 2  # the kernels' status where a normaliser fell under sqrt(ti
 @functools.cache
 def _library() -> ctypes.CDLL | str:
     """The compiled kernel, or the reason it is unavailable."""
-    lib = load_kernel("crf_forward", _ABI_VERSION)
-    if isinstance(lib, str):
-        return lib
-    ptr, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.crf_forward.argtypes = [c_int, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ptr, ptr, ptr, c_int]
-    lib.crf_forward.restype = c_int
-    lib.crf_backward.argtypes = [c_int, *[ptr] * 5, i64, i64, i64, *[ptr] * 7, c_int]
-    lib.crf_backward.restype = c_int
-    return lib
+    return load_kernel(
+        "crf_forward", _ABI_VERSION, crf_forward="i ppppp lll ppp i", crf_backward="i ppppp lll ppppppp i"
+    )
 
 
 def compiled_partition_available() -> str | None:

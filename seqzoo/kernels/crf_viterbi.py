@@ -32,13 +32,7 @@ _ABI_VERSION = 1  # crf_viterbi_abi_version() of the C source this wrapper calls
 @functools.cache
 def _library() -> ctypes.CDLL | str:
     """The compiled kernel, or the reason it is unavailable."""
-    lib = load_kernel("crf_viterbi", _ABI_VERSION)
-    if isinstance(lib, str):
-        return lib
-    ptr, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.crf_viterbi.argtypes = [c_int, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ptr, ptr, c_int]
-    lib.crf_viterbi.restype = c_int
-    return lib
+    return load_kernel("crf_viterbi", _ABI_VERSION, crf_viterbi="i ppppp lll pp i")
 
 
 def compiled_viterbi_available() -> str | None:

@@ -62,15 +62,10 @@ _ABI_VERSION = 3  # qrnn_pool_abi_version() of the C sources this wrapper calls
 @functools.cache
 def _compiled_library() -> ctypes.CDLL | str:
     """The compiled kernel, or the reason it is unavailable."""
-    lib = load_kernel("qrnn_pool", _ABI_VERSION)
-    if isinstance(lib, str):
-        return lib
-    ptr, i64, c_int, c_double = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
-    common = [c_int, ptr, i64, ptr, ptr, ptr, ptr, c_double, i64, i64, i64, c_int, c_int]
-    lib.qrnn_pool_forward.argtypes = [*common, c_int, ptr, ptr, c_int]
-    lib.qrnn_pool_backward.argtypes = [*common, ptr, ptr, ptr, ptr, c_int]
-    lib.qrnn_pool_forward.restype = lib.qrnn_pool_backward.restype = c_int
-    return lib
+    common = "i p l pppp d lll ii"  # dtype, gates, gate_time, bias..keep, keep_prob, shape, pooling, reverse
+    return load_kernel(
+        "qrnn_pool", _ABI_VERSION, qrnn_pool_forward=common + " i pp i", qrnn_pool_backward=common + " pppp i"
+    )
 
 
 def _ptr(t: Tensor | None) -> int | None:
