@@ -126,16 +126,20 @@ def _classification_config(tmp_path: Path) -> Path:
     return _write_config(tmp_path / "toy.yaml", config)
 
 
-@pytest.fixture(scope="module")
-def classification_runs(tmp_path_factory):
-    """The classification config trained by 1 process with batch 8 and by 2 ranks with batch 4 each."""
-    tmp_path = tmp_path_factory.mktemp("dp")
-    config = _classification_config(tmp_path)
-    single, double = tmp_path / "one", tmp_path / "two"
+def _one_and_two_ranks(config: Path) -> tuple[Path, Path, Path]:
+    """``config`` (batch 4) trained by 1 process with batch 8 and by 2 ranks with batch 4 each, in run
+    directories ``one`` and ``two`` beside it: (config, one, two)."""
+    single, double = config.parent / "one", config.parent / "two"
     assert main(["train", str(config), "--run-dir", str(single), "--set", "train.batch_size=8"]) == 0
     job = _torchrun(str(config), "--run-dir", str(double))
     assert job.returncode == 0, job.stderr[-3000:]
     return config, single, double
+
+
+@pytest.fixture(scope="module")
+def classification_runs(tmp_path_factory):
+    """The classification config trained by 1 process with batch 8 and by 2 ranks with batch 4 each."""
+    return _one_and_two_ranks(_classification_config(tmp_path_factory.mktemp("dp")))
 
 
 def test_two_ranks_train_as_one_process_on_the_global_batch(classification_runs):
@@ -250,14 +254,18 @@ def test_two_ranks_of_the_tagging_recipe_train_as_one_process_on_the_global_batc
                 "dropout": 0.0,
             },
             "optim": {"optimizer": "sgd", "lr": 0.5, "clip_norm": 5.0},
-            "train": {"epochs": 2, "batch_size": 4, "patience": None, "seed": 2, "progress": False, "threads": 1},
+            "train": {
+                "epochs": 2,
+                "batch_size": 4,
+                "patience": None,
+                "seed": 2,
+                "progress": False,
+                "threads": 1,
+                "device": "cpu",
+            },
         }
     )
-    path = _write_config(tmp_path / "tagging.yaml", config)
-    single, double = tmp_path / "one", tmp_path / "two"
-    assert main(["train", str(path), "--run-dir", str(single), "--set", "train.batch_size=8"]) == 0
-    job = _torchrun(str(path), "--run-dir", str(double), "--set", "train.device=cpu")
-    assert job.returncode == 0, job.stderr[-3000:]
+    _, single, double = _one_and_two_ranks(_write_config(tmp_path / "tagging.yaml", config))
     assert _max_weight_difference(single, double) <= WEIGHT_TOLERANCE
     assert "crf.transitions" in "".join(load_tensors(double / "best" / "model.safetensors"))  # the CRF trained too
     _assert_records_close(metric_records(double), metric_records(single))
@@ -317,13 +325,7 @@ def test_every_rank_draws_the_same_task_at_a_step_and_takes_its_part_of_the_batc
 @pytest.fixture(scope="module")
 def multitask_runs(tmp_path_factory):
     """The multi-task config trained by 1 process with batch 8 and by 2 ranks with batch 4 each."""
-    tmp_path = tmp_path_factory.mktemp("dp_mtl")
-    config = _multitask_config(tmp_path)
-    single, double = tmp_path / "one", tmp_path / "two"
-    assert main(["train", str(config), "--run-dir", str(single), "--set", "train.batch_size=8"]) == 0
-    job = _torchrun(str(config), "--run-dir", str(double))
-    assert job.returncode == 0, job.stderr[-3000:]
-    return config, single, double
+    return _one_and_two_ranks(_multitask_config(tmp_path_factory.mktemp("dp_mtl")))
 
 
 def test_two_ranks_of_the_multitask_recipe_train_as_one_process_on_the_global_batch(multitask_runs):
