@@ -200,18 +200,19 @@ def initialise(model: nn.Module, best: Path) -> dict[str, list[str]]:
 
 
 _PER_TYPE = re.compile(r"(?P<head>.*?)(?P<score>precision|recall|f1)_(?P<kind>[^/]+)")  # chunk scores per type
-_SCORE = re.compile(r"(^|_|/)(precision|recall|f1)$")  # a micro chunk score, shown in % like accuracies
+_SCORE = re.compile(r"(^|_|/)(precision|recall|f1|score)$")  # chunk scores, multi-task macro scores: in %
 _TYPE_COLUMNS = ("precision", "recall", "f1")
 
 
 def format_summary(summary: dict[str, Any]) -> list[str]:
     """One line per test metric: ``mean ± std (n=seeds)``; a single seed has no spread to show.
 
-    Accuracies and chunk precision, recall and F1 in % with 2 decimals, counts (integers in every
-    run, e.g. tokens, with an integral mean and spread) as integers, everything else (BPC,
-    perplexity, BLEU, losses) with 3 decimals, the resolution at which models are compared. Scores
-    per chunk type (a tagging run's ``precision_X``, ``recall_X``, ``f1_X``) follow as a table, a row
-    per type X and a last row of the micro scores over all types, in %.
+    Accuracies, chunk precision, recall and F1, and a multi-task run's macro ``score`` in % with 2
+    decimals, counts (integers in every run, e.g. tokens, with an integral mean and spread) as
+    integers, everything else (BPC, perplexity, BLEU, losses) with 3 decimals, the resolution at
+    which models are compared. Scores per chunk type (a tagging run's ``precision_X``, ``recall_X``,
+    ``f1_X``) follow as a table, a row per type X and a last row of the micro scores over all
+    types, in %.
     """
     lines = []
     tables: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}  # head -> type -> score -> stats
@@ -229,9 +230,9 @@ def format_summary(summary: dict[str, Any]) -> list[str]:
         spread = f" ± {s['std'] * scale:.{decimals}f}{unit}" if s["n"] > 1 else ""
         lines.append(f"{key}: {s['mean'] * scale:.{decimals}f}{unit}{spread} (n={s['n']})")
     for head, kinds in tables.items():
-        width = max(18, *(len(kind) for kind in kinds))
         n = max(s["n"] for scores in kinds.values() for s in scores.values())
         title = f"{head.rstrip('_/')} per type (%, n={n}):"
+        width = max(18, len(title) - 2, *(len(kind) for kind in kinds))
         lines.append(f"{title:<{width + 2}}" + "".join(f"{c:>16}" for c in _TYPE_COLUMNS))
         micro = {c: summary["metrics"][head + c] for c in _TYPE_COLUMNS if head + c in summary["metrics"]}
         for kind, scores in [*sorted(kinds.items()), *([("(micro, all types)", micro)] if micro else [])]:
