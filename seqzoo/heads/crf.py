@@ -37,7 +37,7 @@ proves the result exact, else it takes the full K x K step.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -227,16 +227,22 @@ def viterbi_reference(emissions: Tensor, mask: Tensor, start: Tensor, trans: Ten
     return paths.to(emissions.device)
 
 
-def _use_compiled(emissions: Tensor) -> bool:
-    """Whether log Z of these emissions takes the C kernel; warns where it should but cannot load."""
+def _kernel_serves(emissions: Tensor, available: Callable[[], str | None], fallback: str) -> bool:
+    """Whether a C kernel takes these emissions: float32/float64 on the CPU, the kernel loaded
+    (``available()`` is None); warns, naming the ``fallback``, where it should run but cannot load."""
     if emissions.device.type != "cpu" or emissions.dtype not in (torch.float32, torch.float64):
         return False
-    if emissions.shape[2] > _COMPILED_MAX_TAGS:
-        return False
-    reason = compiled_partition_available()
+    reason = available()
     if reason is not None:
-        warn_user(f"the CRF log partition falls back to the slower PyTorch forward-backward: {reason}", RuntimeWarning)
+        warn_user(f"{fallback}: {reason}", RuntimeWarning)
     return reason is None
+
+
+def _use_compiled(emissions: Tensor) -> bool:
+    """Whether log Z of these emissions takes the C kernel (up to :data:`_COMPILED_MAX_TAGS` tags)."""
+    fallback = "the CRF log partition falls back to the slower PyTorch forward-backward"
+    small = emissions.shape[2] <= _COMPILED_MAX_TAGS
+    return small and _kernel_serves(emissions, compiled_partition_available, fallback)
 
 
 def log_partition(emissions: Tensor, mask: Tensor, start: Tensor, trans: Tensor, end: Tensor) -> Tensor:
@@ -518,12 +524,9 @@ def viterbi(emissions: Tensor, mask: Tensor, start: Tensor, trans: Tensor, end: 
     """Best paths (B, T) (-1 at pads) and their scores (B,) (rows without a real token: 0): the compiled
     kernel (:mod:`seqzoo.kernels.crf_viterbi`) for float32/float64 CPU tensors, else :func:`viterbi_batched`
     (with a warning when the kernel should have run but cannot load)."""
-    if emissions.device.type == "cpu" and emissions.dtype in (torch.float32, torch.float64):
-        reason = compiled_viterbi_available()
-        if reason is None:
-            lengths = mask.sum(1)
-            return viterbi_compiled(emissions.detach(), lengths, start.detach(), trans.detach(), end.detach())
-        warn_user(f"CRF decoding falls back to the slower PyTorch Viterbi: {reason}", RuntimeWarning)
+    if _kernel_serves(emissions, compiled_viterbi_available, "CRF decoding falls back to the slower PyTorch Viterbi"):
+        lengths = mask.sum(1)  # (B,)
+        return viterbi_compiled(emissions.detach(), lengths, start.detach(), trans.detach(), end.detach())
     return viterbi_batched(emissions, mask, start, trans, end)
 
 
