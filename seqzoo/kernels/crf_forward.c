@@ -151,21 +151,33 @@ static void *prepare(const Args *a, Shared *s) {
 /* Bumped whenever an exported signature changes; the loader refuses a library built from other sources. */
 int crf_forward_abi_version(void) { return 1; }
 
+/* The exp tables, then the rows over threads; a backward (grad_start != NULL) then sums the threads'
+ * accumulators into grad_start, grad_trans and grad_end. Returns 0, 1 (memory, threads) or 2 (precision). */
+static int run(const Args *a, int nthreads, void *grad_start, void *grad_trans, void *grad_end) {
+    const int backward = grad_start != NULL;
+    Shared shared;
+    void *block = prepare(a, &shared);
+    if (!block) return 1;
+    Range ranges[MAX_THREADS];
+    int64_t count;
+    const int status = run_rows(a, &shared, backward, nthreads, ranges, &count);
+    if (backward && status == 0) {
+        if (a->dtype == 0) finish_backward_f32(a, &shared, ranges, count, grad_start, grad_trans, grad_end);
+        else finish_backward_f64(a, &shared, ranges, count, grad_start, grad_trans, grad_end);
+    }
+    for (int64_t r = 0; r < count; r++) free(ranges[r].acc);
+    free(block);
+    return status;
+}
+
 /* log Z (B,) and the a_t, n_t the backward reads; returns 0, 1 (memory, threads) or 2 (precision lost). */
 int crf_forward(int dtype, const void *emissions, const int64_t *lengths, const void *start, const void *trans,
                 const void *end, int64_t batch, int64_t time, int64_t tags, void *log_z, void *alpha, void *norm,
                 int nthreads) {
-    Args args = {.dtype = dtype, .emissions = emissions, .start = start, .trans = trans, .end = end,
-                 .lengths = lengths, .log_z = log_z, .alpha = alpha, .norm = norm,
-                 .batch = batch, .time = time, .tags = tags};
-    Shared shared;
-    void *block = prepare(&args, &shared);
-    if (!block) return 1;
-    Range ranges[MAX_THREADS];
-    int64_t count;
-    const int status = run_rows(&args, &shared, 0, nthreads, ranges, &count);
-    free(block);
-    return status;
+    const Args args = {.dtype = dtype, .emissions = emissions, .start = start, .trans = trans, .end = end,
+                       .lengths = lengths, .log_z = log_z, .alpha = alpha, .norm = norm,
+                       .batch = batch, .time = time, .tags = tags};
+    return run(&args, nthreads, NULL, NULL, NULL);
 }
 
 /* The gradients of sum_b grad[b] log Z_b (see the layouts); returns 0, 1 (memory, threads) or 2 (precision). */
@@ -173,18 +185,8 @@ int crf_backward(int dtype, const void *emissions, const int64_t *lengths, const
                  const void *end, int64_t batch, int64_t time, int64_t tags, const void *alpha, const void *norm,
                  const void *grad, void *grad_emissions, void *grad_start, void *grad_trans, void *grad_end,
                  int nthreads) {
-    Args args = {.dtype = dtype, .emissions = emissions, .start = start, .trans = trans, .end = end, .grad = grad,
-                 .lengths = lengths, .alpha = (void *)alpha, .norm = (void *)norm, .grad_emissions = grad_emissions,
-                 .batch = batch, .time = time, .tags = tags};
-    Shared shared;
-    void *block = prepare(&args, &shared);
-    if (!block) return 1;
-    Range ranges[MAX_THREADS];
-    int64_t count;
-    const int status = run_rows(&args, &shared, 1, nthreads, ranges, &count);
-    if (status == 0 && dtype == 0) finish_backward_f32(&args, &shared, ranges, count, grad_start, grad_trans, grad_end);
-    if (status == 0 && dtype == 1) finish_backward_f64(&args, &shared, ranges, count, grad_start, grad_trans, grad_end);
-    for (int64_t r = 0; r < count; r++) free(ranges[r].acc);
-    free(block);
-    return status;
+    const Args args = {.dtype = dtype, .emissions = emissions, .start = start, .trans = trans, .end = end,
+                       .grad = grad, .lengths = lengths, .alpha = (void *)alpha, .norm = (void *)norm,
+                       .grad_emissions = grad_emissions, .batch = batch, .time = time, .tags = tags};
+    return run(&args, nthreads, grad_start, grad_trans, grad_end);
 }
