@@ -52,6 +52,7 @@ from seqzoo.encoders.base import (
     build_encoder,
     check_rate,
     register_encoder,
+    reverse_padded,
     zero_padding,
 )
 from seqzoo.encoders.rnn import sinusoidal_positions
@@ -185,20 +186,14 @@ class DAGRN(Encoder):
         reversed so that in both the pads come after the words (the outputs at the words are exact)."""
         batch, time = x.shape[:2]
         rnn = self.sequential.rnn
-        column, ends = torch.arange(time, device=x.device), lengths.unsqueeze(1)  # (t,), (b, 1)
-        rows = time * torch.arange(batch, device=x.device).unsqueeze(1)  # (b, 1)
-        flip = (torch.where(column < ends, ends - 1 - column, column) + rows).flatten()  # (b·t,), its own inverse
-
-        def reverse(t: Tensor) -> Tensor:  # (b, t, ·) with each row's words reversed
-            return t.reshape(batch * time, -1).index_select(0, flip).view(batch, time, -1)
-
         zeros = x.new_zeros(1, batch, rnn.hidden_size)  # h⁰ = c⁰ = 0 (1, b, H/2)
         outputs = []
         for direction, weights in enumerate(rnn.all_weights):  # forward, then reverse
-            inputs = reverse(x) if direction else x
+            inputs = reverse_padded(x, lengths, time_dim=1) if direction else x
             out = torch.lstm(inputs, (zeros, zeros), weights, rnn.bias, 1, 0.0, False, False, True)[0]
-            outputs.append(reverse(out) if direction else out)  # (b, t, H/2)
-        return torch.cat(outputs, dim=-1) * (column < ends).unsqueeze(-1)  # (b, t, H)
+            outputs.append(reverse_padded(out, lengths, time_dim=1) if direction else out)  # (b, t, H/2)
+        real = torch.arange(time, device=x.device) < lengths.unsqueeze(1)  # (b, t)
+        return torch.cat(outputs, dim=-1) * real.unsqueeze(-1)  # (b, t, H)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, state: State = None) -> tuple[Tensor, State]:
         mask = self.check_input(x, mask)
