@@ -18,7 +18,7 @@ setup(
         Extension(
             f"seqzoo.kernels._{name}",
             sources=[f"seqzoo/kernels/{name}.c"],
-            depends=[f"seqzoo/kernels/{name}_body.h"],
+            depends=[f"seqzoo/kernels/{name}_body.h", "seqzoo/kernels/parallel.h"],
             extra_compile_args=flags,
             extra_link_args=[] if sys.platform == "win32" else ["-pthread", "-lm"],
             optional=True,

@@ -27,16 +27,11 @@
  */
 #include <float.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define CLONES
-#endif
+#include "parallel.h"
 
 typedef struct {
     int dtype; /* 0 = float32, 1 = float64 */
@@ -60,7 +55,7 @@ typedef struct {
     int status;
 } Range;
 
-enum { MAX_THREADS = 256, PAIRS = 4 }; /* PAIRS: pair-marginal terms added to the accumulator per pass */
+enum { PAIRS = 4 }; /* PAIRS: pair-marginal terms added to the accumulator per pass */
 
 #define SCALAR float
 #define SFX f32
@@ -114,23 +109,12 @@ static void *run_range(void *p) {
 static int run_rows(const Args *a, const Shared *s, int backward, int nthreads, Range *ranges, int64_t *count) {
     enum { MIN_WORK_PER_THREAD = 1 << 20 };
     const double work = (double)a->batch * (double)a->time * (double)a->tags * (double)a->tags * (backward ? 2 : 1);
-    const int64_t useful = (int64_t)(work / MIN_WORK_PER_THREAD) + 1;
-    int64_t n = nthreads < useful ? nthreads : useful;
-    if (n > a->batch) n = a->batch;
-    if (n > MAX_THREADS) n = MAX_THREADS;
-    if (n < 1) n = 1;
+    const int64_t n = thread_count(nthreads, a->batch, work, MIN_WORK_PER_THREAD);
     *count = n;
-    pthread_t threads[MAX_THREADS];
-    int started = 0, status = 0;
     for (int64_t i = 0; i < n; i++) {
         ranges[i] = (Range){a, s, a->batch * i / n, a->batch * (i + 1) / n, backward, NULL, 0};
     }
-    for (int64_t i = 1; i < n; i++, started++) {
-        if (pthread_create(&threads[i], NULL, run_range, &ranges[i]) != 0) break;
-    }
-    run_range(&ranges[0]);
-    for (int64_t i = started + 1; i < n; i++) run_range(&ranges[i]); /* threads that failed to start */
-    for (int i = 1; i <= started; i++) status |= pthread_join(threads[i], NULL) ? 1 : 0;
+    int status = run_ranges(run_range, ranges, sizeof(Range), n);
     for (int64_t i = 0; i < n; i++) status = status == 1 || ranges[i].status == 1 ? 1 : status | ranges[i].status;
     return status;
 }

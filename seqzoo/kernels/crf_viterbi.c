@@ -14,20 +14,16 @@
  * With many tags a step first tries the PRUNE best previous tags and proves the result exact by a
  * bound, else scans every previous tag for that tag (viterbi_step in crf_viterbi_body.h).
  */
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define CLONES
-#endif
+#include "parallel.h"
 
 enum { PRUNE = 6 }; /* candidate previous tags tried first, from 4 PRUNE tags on */
 
 typedef struct {
+    int dtype; /* 0 = float32, 1 = float64 */
     const void *emissions, *start, *trans, *end;
     void *col_max;       /* max_i A[i, j] (K,), filled before the rows are decoded */
     const int32_t *all; /* 0, 1, ..., K - 1: every previous tag */
@@ -62,25 +58,24 @@ typedef int64_t ivec_f64 __attribute__((vector_size(64)));
 #define WIDTH 8
 #include "crf_viterbi_body.h"
 
-typedef void (*row_fn)(const Args *, int64_t, int32_t *, void *);
-
 typedef struct {
-    row_fn fn;
     const Args *args;
-    int64_t begin, end;
-    size_t scalar_bytes;
+    int64_t begin, end; /* rows */
     int status;
 } Range;
 
 static void *run_range(void *p) {
     Range *r = (Range *)p;
     const Args *a = r->args;
+    const size_t scalar_bytes = a->dtype == 0 ? sizeof(float) : sizeof(double);
     int32_t *back = malloc((size_t)(a->time > 0 ? a->time : 1) * (size_t)a->tags * sizeof(int32_t));
-    void *delta = malloc(2 * (size_t)a->tags * r->scalar_bytes + (size_t)a->tags * sizeof(int32_t));
+    void *delta = malloc(2 * (size_t)a->tags * scalar_bytes + (size_t)a->tags * sizeof(int32_t));
     if (!back || !delta) {
         r->status = 1;
     } else {
-        for (int64_t b = r->begin; b < r->end; b++) r->fn(a, b, back, delta);
+        for (int64_t b = r->begin; b < r->end; b++) {
+            if (a->dtype == 0) viterbi_row_f32(a, b, back, delta); else viterbi_row_f64(a, b, back, delta);
+        }
     }
     free(back);
     free(delta);
@@ -94,7 +89,7 @@ int crf_viterbi_abi_version(void) { return 1; }
 int crf_viterbi(int dtype, const void *emissions, const int64_t *lengths, const void *start, const void *trans,
                 const void *end, int64_t batch, int64_t time, int64_t tags, int64_t *paths, void *scores,
                 int nthreads) {
-    enum { MAX_THREADS = 256, MIN_WORK_PER_THREAD = 1 << 22 };
+    enum { MIN_WORK_PER_THREAD = 1 << 22 };
     const size_t scalar_bytes = dtype == 0 ? sizeof(float) : sizeof(double);
     void *col_max = malloc((size_t)tags * scalar_bytes);
     int32_t *all = malloc((size_t)tags * sizeof(int32_t));
@@ -104,28 +99,16 @@ int crf_viterbi(int dtype, const void *emissions, const int64_t *lengths, const 
         return 1;
     }
     for (int64_t i = 0; i < tags; i++) all[i] = (int32_t)i;
-    Args args = {.emissions = emissions, .start = start, .trans = trans, .end = end, .col_max = col_max, .all = all,
+    Args args = {.dtype = dtype, .emissions = emissions, .start = start, .trans = trans, .end = end, .col_max = col_max, .all = all,
                  .lengths = lengths, .paths = paths, .scores = scores, .batch = batch, .time = time, .tags = tags};
     if (dtype == 0) prepare_f32(&args); else prepare_f64(&args);
-    const row_fn fn = dtype == 0 ? viterbi_row_f32 : viterbi_row_f64;
     /* a thread costs tens of microseconds to start: only for at least ~4M max-plus operations each
      * (a step tries every previous tag below 4 PRUNE tags, about 2 PRUNE per tag from there on) */
     const double work = (double)batch * (double)time * (double)tags * (double)(tags < 4 * PRUNE ? tags : 2 * PRUNE);
-    const int64_t useful = (int64_t)(work / MIN_WORK_PER_THREAD) + 1;
-    int64_t n = nthreads < useful ? nthreads : useful;
-    if (n > batch) n = batch;
-    if (n > MAX_THREADS) n = MAX_THREADS;
-    if (n < 1) n = 1;
-    pthread_t threads[MAX_THREADS];
+    const int64_t n = thread_count(nthreads, batch, work, MIN_WORK_PER_THREAD);
     Range ranges[MAX_THREADS];
-    int started = 0, status = 0;
-    for (int64_t i = 0; i < n; i++) ranges[i] = (Range){fn, &args, batch * i / n, batch * (i + 1) / n, scalar_bytes, 0};
-    for (int64_t i = 1; i < n; i++, started++) {
-        if (pthread_create(&threads[i], NULL, run_range, &ranges[i]) != 0) break;
-    }
-    run_range(&ranges[0]);
-    for (int64_t i = started + 1; i < n; i++) run_range(&ranges[i]); /* threads that failed to start */
-    for (int i = 1; i <= started; i++) status |= pthread_join(threads[i], NULL);
+    for (int64_t i = 0; i < n; i++) ranges[i] = (Range){&args, batch * i / n, batch * (i + 1) / n, 0};
+    int status = run_ranges(run_range, ranges, sizeof(Range), n);
     for (int64_t i = 0; i < n; i++) status |= ranges[i].status;
     free(col_max);
     free(all);

@@ -18,10 +18,11 @@
  *   reverse != 0 runs each row from its last real token back to its first.
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "parallel.h"
 
 enum { POOL_F = 0, POOL_FO = 1, POOL_IFO = 2 };
 #define BLOCK 256 /* channels per work item: long contiguous rows per step keep the prefetchers streaming */
@@ -54,11 +55,6 @@ static inline float exp_f32(float x) {
     return p * scale;
 }
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define CLONES
-#endif
 #if defined(__GNUC__)
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 #else
@@ -103,24 +99,12 @@ static void *run_range(void *p) {
 /* Split items (batch row x channel block) into nthreads contiguous ranges, each with scratch_bytes of
  * scratch memory; the caller runs one. Returns 0 on success. */
 static int run_parallel(item_fn fn, const Args *args, int nthreads, size_t scratch_bytes) {
-    enum { MAX_THREADS = 256 };
     const int64_t items = args->batch * ((args->hidden + BLOCK - 1) / BLOCK);
-    if (nthreads > items) nthreads = (int)items;
-    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
-    if (nthreads < 1) nthreads = 1;
-    pthread_t threads[MAX_THREADS];
+    const int64_t n = thread_count(nthreads, items, 0.0, 0.0);
     Range ranges[MAX_THREADS];
-    int started = 0, status = 0;
-    for (int i = 0; i < nthreads; i++) {
-        ranges[i] = (Range){fn, args, items * i / nthreads, items * (i + 1) / nthreads, scratch_bytes, 0};
-    }
-    for (int i = 1; i < nthreads; i++, started++) {
-        if (pthread_create(&threads[i], NULL, run_range, &ranges[i]) != 0) break;
-    }
-    run_range(&ranges[0]);
-    for (int i = started + 1; i < nthreads; i++) run_range(&ranges[i]); /* threads that failed to start */
-    for (int i = 1; i <= started; i++) status |= pthread_join(threads[i], NULL);
-    for (int i = 0; i < nthreads; i++) status |= ranges[i].status;
+    for (int64_t i = 0; i < n; i++) ranges[i] = (Range){fn, args, items * i / n, items * (i + 1) / n, scratch_bytes, 0};
+    int status = run_ranges(run_range, ranges, sizeof(Range), n);
+    for (int64_t i = 0; i < n; i++) status |= ranges[i].status;
     return status;
 }
 
