@@ -122,6 +122,20 @@ def test_max_len_keeps_the_first_max_len_tokens(tmp_path):
     assert states.tokens == ["good", "film", "plot"] and states.values.shape[0] == 3
 
 
+def test_max_train_keeps_the_first_training_examples(tmp_path):
+    """data.max_train cuts the training split to its first examples, in file order (the vocabulary is
+    built from those alone); dev and test stay whole."""
+    whole, capped = _classification_task(tmp_path), _classification_task(tmp_path, "data.max_train=7")
+
+    def texts(task, split: str) -> list[list[str]]:
+        return [task.vocab.decode(ids) for ids in task.splits[split].ids]
+
+    assert texts(capped, "train") == texts(whole, "train")[:7]
+    assert capped.splits["train"].labels == whole.splits["train"].labels[:7]
+    assert len(capped.vocab) < len(whole.vocab)
+    assert [len(capped.splits[s].ids) for s in ("dev", "test")] == [len(whole.splits[s].ids) for s in ("dev", "test")]
+
+
 def test_the_dev_hold_out_follows_the_run_seed(tmp_path):
     """Without a dev file, each seed holds out its own dev set (load_data(cfg, train.seed))."""
     held = []

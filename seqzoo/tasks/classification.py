@@ -65,6 +65,7 @@ class ClassificationDataConfig:
     # Longer texts are cut to their first max_len tokens, in every split and in predict, with a warning that
     # counts them (None: no cap, and a batch as long as its longest text).
     max_len: int | None = DEFAULT_MAX_LEN
+    max_train: int | None = None  # keep the first max_train training examples (a cap for a quick run)
     embeddings: str | None = None  # GloVe-format text vectors (.txt or .gz)
     embedding_dim: int = 50
     freeze_embeddings: bool = False
@@ -75,7 +76,9 @@ class ClassificationDataConfig:
 
     def __post_init__(self) -> None:
         require_ranges(
-            self, positive=("min_freq", "max_vocab", "max_len", "embedding_dim", "dev_fraction"), rate=("dev_fraction",)
+            self,
+            positive=("min_freq", "max_vocab", "max_len", "max_train", "embedding_dim", "dev_fraction"),
+            rate=("dev_fraction",),
         )
         if self.folds < 2:
             raise ConfigError(f"folds: must be >= 2, got {self.folds!r}")
@@ -133,9 +136,12 @@ class _Split:
 
 
 def load_data(cfg: ClassificationDataConfig, seed: int) -> ClassificationData:
-    """The task's splits (dev held out of train when missing; ``test`` None when missing)."""
+    """The task's splits (dev held out of train when missing; ``test`` None when missing), the training
+    split cut to its first ``cfg.max_train`` examples (after any dev split was held out of it)."""
     data_dir = Path(cfg.data_dir) if cfg.data_dir else bundled_corpus_dir()
-    return ClassificationData.from_dir(data_dir, cfg.name, dev_fraction=cfg.dev_fraction, seed=seed)
+    data = ClassificationData.from_dir(data_dir, cfg.name, dev_fraction=cfg.dev_fraction, seed=seed)
+    data.train = data.train[: cfg.max_train]
+    return data
 
 
 class ClassificationTask(ClassifierTask):
