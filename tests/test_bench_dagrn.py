@@ -86,6 +86,20 @@ def test_lengths_from_mr_test(tmp_path, capsys):
         dagrn_bench._lengths(tmp_path / "missing", 2)
 
 
+def test_training_times_both_paths_and_restores_the_encoder(monkeypatch, capsys):
+    encoders = []
+    workload = dagrn_bench.random_workload
+    monkeypatch.setattr(dagrn_bench, "random_workload", lambda args: encoders.append(w := workload(args)) or w)
+    assert dagrn_bench.main([*TINY, "--sentences", "5", "--training", "--threads", "1", "--json"]) == 0
+    (row,) = _rows(capsys)
+    assert row["mode"].startswith("training") and row["sentences"] == 5 and 1 <= row["mean_depth"] <= 3
+    assert row["gather_sentences_per_s"] > 0 and row["all_words_sentences_per_s"] > 0
+    ratio = row["gather_sentences_per_s"] / row["all_words_sentences_per_s"]
+    assert row["gather_speedup"] == pytest.approx(ratio, rel=0.01)
+    (work,) = encoders
+    assert not work.encoder.training and work.encoder.gather_in_training is DAGRN.gather_in_training
+
+
 def test_gemm_bound_replays_every_linear(capsys):
     assert dagrn_bench.main(["--gemm-bound", "--gemm-shape", "2x3x4", "--repeats", "1", "--warmup", "0", "--json"]) == 0
     (row,) = _rows(capsys)

@@ -22,6 +22,11 @@ L = ``--layers`` 9) and so are the features; the sentence lengths are those of `
 (whitespace tokens) with ``--data DIR``, else random lengths of MR-like statistics (mean 23,
 clipped to 2..61): only the lengths and depths set the cost.
 
+``--training`` instead times the training step (forward and backward, dropout and Gumbel noise on,
+the same seed for both) over the same batches with the active words gathered at each layer
+(:attr:`DAGRN.gather_in_training`, the default) against every word computed and the frozen ones kept:
+the choice of the training path.
+
 ``--gemm-bound`` instead times one S-LSTM (``slstm``, paper variant) forward+backward step at
 ``--gemm-shape`` BxTxH against its GEMM bound: every ``nn.Linear`` product the step runs (found by
 hooks on one forward) replayed alone, forward ``Y = XWᵀ + b``, backward ``dX = dY W`` and
@@ -49,7 +54,16 @@ from seqzoo.bench import non_negative_int, positive_int, print_rows, shape_arg, 
 from seqzoo.encoders.base import build_encoder
 from seqzoo.encoders.dagrn import DAGRN
 
-__all__ = ["Workload", "build_parser", "depth_bias", "depth_rows", "main", "random_workload", "trained_workload"]
+__all__ = [
+    "Workload",
+    "build_parser",
+    "depth_bias",
+    "depth_rows",
+    "main",
+    "random_workload",
+    "trained_workload",
+    "training_row",
+]
 
 
 @contextmanager
@@ -258,6 +272,44 @@ def depth_rows(args: argparse.Namespace) -> Iterator[dict]:
             yield _row(args, work, bias)
 
 
+def training_row(args: argparse.Namespace) -> dict:
+    """The training step's time with and without gathering the active words (see the module docstring)."""
+    work = trained_workload(args) if args.run else random_workload(args)
+    encoder = work.encoder.train()
+    params = [p for p in encoder.parameters() if p.requires_grad]
+    depths: list[int] = []
+
+    def step(gather: bool) -> None:
+        encoder.gather_in_training = gather
+        torch.manual_seed(0)  # the same dropout masks and Gumbel noise for both
+        depths.clear()
+        for x, mask in work.features:
+            out, state = encoder(x, mask)
+            depths.append(int(encoder.last_depths.sum()))
+            loss = out.sum() + encoder.global_state(state).sum()
+            torch.autograd.grad(loss, params, allow_unused=True)
+
+    try:
+        times = _median_times({"gather": lambda: step(True), "all": lambda: step(False)}, args.repeats, args.warmup)
+    finally:
+        encoder.gather_in_training = DAGRN.gather_in_training
+        encoder.eval()
+    return {
+        "mode": "training (forward + backward)",
+        "mean_depth": round(sum(depths) / work.words, 3),
+        "gather_sentences_per_s": round(work.sentences / times["gather"], 1),
+        "all_words_sentences_per_s": round(work.sentences / times["all"], 1),
+        "gather_speedup": round(times["all"] / times["gather"], 3),
+        "gather_min_cpu_time_speedup": round(times["all_cpu_min"] / times["gather_cpu_min"], 3),
+        "batch": args.batch,
+        "sentences": work.sentences,
+        "inputs": work.source,
+        "run": str(args.run) if args.run else None,
+        "threads": torch.get_num_threads(),
+        "load_1min": round(os.getloadavg()[0], 2),
+    }
+
+
 def _linear_products(model: nn.Module, x: Tensor) -> list[tuple[Tensor, Tensor, Tensor | None]]:
     """(input, weight, bias) of every ``nn.Linear`` call of one forward of ``model`` on ``x``."""
     calls: list[tuple[Tensor, Tensor, Tensor | None]] = []
@@ -329,6 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--input", type=positive_int, default=350, help="token feature size (default 300 + 50)")
     parser.add_argument("--depth-size", type=positive_int, default=50, help="depth embedding d_e (default 50)")
     parser.add_argument("--window", type=positive_int, default=1, help="S-LSTM window (default 1)")
+    parser.add_argument("--training", action="store_true", help="time a training step, gathered or all words")
     parser.add_argument("--gemm-bound", action="store_true", help="time an S-LSTM step against its GEMM bound")
     parser.add_argument("--gemm-shape", type=shape_arg, default="32x23x400", help="BxTxH for --gemm-bound")
     parser.add_argument("--repeats", type=positive_int, default=5, help="timed runs per measurement (median)")
@@ -365,8 +418,8 @@ def _table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.gemm_bound:
-        row = gemm_row(args)
+    if args.gemm_bound or args.training:
+        row = gemm_row(args) if args.gemm_bound else training_row(args)
         print(json.dumps(row) if args.json else ", ".join(f"{k}={v}" for k, v in row.items()))
         return 0
     print_rows(depth_rows(args), args.json, _table)
