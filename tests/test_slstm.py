@@ -46,69 +46,77 @@ def reference_global(cell, hs, cs, g, c_g):
     return o * torch.tanh(new_c), new_c
 
 
-def reference_official(model: SLSTM, x: torch.Tensor, lengths) -> tuple[torch.Tensor, torch.Tensor]:
-    """MODELS.md 2.2 as written, one row, one word and one step at a time (no dropout)."""
-    cell, hidden, w = model.cell, model.hidden_size, model.window
-    out, finals = torch.zeros(x.shape[0], x.shape[1], hidden, dtype=x.dtype), []
-    wx = [gate(cell.input.weight, k, hidden) for k in range(6)]
-    bx = [gate(cell.input.bias, k, hidden) for k in range(6)]
-    wr = [gate(cell.recurrent.weight, k, hidden) for k in range(6)]  # columns: h_i, Σ left h, Σ right h
-    wd = [gate(cell.global_input.weight, k, hidden) for k in range(6)]
+def run_reference(model: SLSTM, x: torch.Tensor, lengths, initial, word) -> tuple[torch.Tensor, torch.Tensor]:
+    """The synchronous recurrence one row, one step and one word at a time (no dropout): ``initial(xs)``
+    gives a row's starting ``(hs, cs, g, c_g)`` from its inputs; ``word(i, xs, hs, cs, g, c_g)`` word i's
+    new ``(h, c)`` from the previous step's states; the global node as :func:`reference_global`."""
+    out, finals = torch.zeros(x.shape[0], x.shape[1], model.hidden_size, dtype=x.dtype), []
     for b, n in enumerate(lengths):
         xs = [x[b, i] for i in range(n)]
-        hs, cs = list(xs), list(xs)
-        g = c_g = torch.stack(xs).mean(0)
+        hs, cs, g, c_g = initial(xs)
         for _ in range(model.num_steps):
-            new_g, new_c_g = reference_global(cell, hs, cs, g, c_g)
-            new_h, new_c = [], []
-            for i in range(n):
-                left = [j for j in range(i - w, i) if j >= 0]
-                right = [j for j in range(i + 1, i + w + 1) if j < n]
-                lh = sum((hs[j] for j in left), torch.zeros(hidden, dtype=x.dtype))
-                rh = sum((hs[j] for j in right), torch.zeros(hidden, dtype=x.dtype))
-                lc = sum((cs[j] for j in left), torch.zeros(hidden, dtype=x.dtype))
-                rc = sum((cs[j] for j in right), torch.zeros(hidden, dtype=x.dtype))
-                window = torch.cat([hs[i], lh, rh])
-                pre = [wr[k] @ window + wx[k] @ xs[i] + wd[k] @ g + bx[k] for k in range(6)]
-                f1, f2, f3, f4, ig = torch.softmax(torch.sigmoid(torch.stack(pre[:5])), dim=0)
-                c = f1 * lc + f2 * rc + f3 * xs[i] + f4 * c_g + ig * cs[i]
-                new_h.append(torch.sigmoid(pre[5]) * torch.tanh(c))
-                new_c.append(c)
-            hs, cs, g, c_g = new_h, new_c, new_g, new_c_g
+            new_g, new_c_g = reference_global(model.cell, hs, cs, g, c_g)
+            updated = [word(i, xs, hs, cs, g, c_g) for i in range(n)]  # every word from the previous step
+            hs, cs = [h for h, _ in updated], [c for _, c in updated]
+            g, c_g = new_g, new_c_g
         out[b, :n] = torch.stack(hs)
         finals.append(g)
     return out, torch.stack(finals)
 
 
-def reference_paper(model: SLSTM, x: torch.Tensor, lengths) -> tuple[torch.Tensor, torch.Tensor]:
-    """MODELS.md 2.1 as written (zero initial states, no dropout), one word at a time."""
+def reference_official(model: SLSTM, x: torch.Tensor, lengths) -> tuple[torch.Tensor, torch.Tensor]:
+    """MODELS.md 2.2 as written: h⁰ = c⁰ = x, g⁰ = c_g⁰ = the mean of x; summed window neighbours."""
     cell, hidden, w = model.cell, model.hidden_size, model.window
-    out, finals = torch.zeros(x.shape[0], x.shape[1], hidden, dtype=x.dtype), []
+    wx = [gate(cell.input.weight, k, hidden) for k in range(6)]
+    bx = [gate(cell.input.bias, k, hidden) for k in range(6)]
+    wr = [gate(cell.recurrent.weight, k, hidden) for k in range(6)]  # columns: h_i, Σ left h, Σ right h
+    wd = [gate(cell.global_input.weight, k, hidden) for k in range(6)]
+
+    def initial(xs):
+        mean = torch.stack(xs).mean(0)
+        return list(xs), list(xs), mean, mean
+
+    def word(i, xs, hs, cs, g, c_g):
+        n = len(xs)
+        left = [j for j in range(i - w, i) if j >= 0]
+        right = [j for j in range(i + 1, i + w + 1) if j < n]
+        lh = sum((hs[j] for j in left), torch.zeros(hidden, dtype=g.dtype))
+        rh = sum((hs[j] for j in right), torch.zeros(hidden, dtype=g.dtype))
+        lc = sum((cs[j] for j in left), torch.zeros(hidden, dtype=g.dtype))
+        rc = sum((cs[j] for j in right), torch.zeros(hidden, dtype=g.dtype))
+        window = torch.cat([hs[i], lh, rh])
+        pre = [wr[k] @ window + wx[k] @ xs[i] + wd[k] @ g + bx[k] for k in range(6)]
+        f1, f2, f3, f4, ig = torch.softmax(torch.sigmoid(torch.stack(pre[:5])), dim=0)
+        c = f1 * lc + f2 * rc + f3 * xs[i] + f4 * c_g + ig * cs[i]
+        return torch.sigmoid(pre[5]) * torch.tanh(c), c
+
+    return run_reference(model, x, lengths, initial, word)
+
+
+def reference_paper(model: SLSTM, x: torch.Tensor, lengths) -> tuple[torch.Tensor, torch.Tensor]:
+    """MODELS.md 2.1 as written: zero initial states, the concatenated window, candidate u."""
+    cell, hidden, w = model.cell, model.hidden_size, model.window
     wx = [gate(cell.input.weight, k, hidden) for k in range(7)]  # i, l, r, f, s, o, u
     bx = [gate(cell.input.bias, k, hidden) for k in range(7)]
     wr = [gate(cell.recurrent.weight, k, hidden) for k in range(7)]  # columns: h_{i-w} .. h_{i+w}
     wd = [gate(cell.global_input.weight, k, hidden) for k in range(7)]
     zero = torch.zeros(hidden, dtype=x.dtype)
-    for b, n in enumerate(lengths):
-        hs, cs = [zero] * n, [zero] * n
-        g = c_g = zero
-        for _ in range(model.num_steps):
-            new_g, new_c_g = reference_global(cell, hs, cs, g, c_g)
-            new_h, new_c = [], []
-            for i in range(n):
-                xi = torch.cat([hs[j] if 0 <= j < n else zero for j in range(i - w, i + w + 1)])
-                pre = [wr[k] @ xi + wx[k] @ x[b, i] + wd[k] @ g + bx[k] for k in range(7)]
-                ig, lg, rg, fg, sg = torch.softmax(torch.sigmoid(torch.stack(pre[:5])), dim=0)
-                u = torch.tanh(pre[6])
-                c_left = cs[i - 1] if i > 0 else zero
-                c_right = cs[i + 1] if i + 1 < n else zero
-                c = lg * c_left + fg * cs[i] + rg * c_right + sg * c_g + ig * u
-                new_h.append(torch.sigmoid(pre[5]) * torch.tanh(c))
-                new_c.append(c)
-            hs, cs, g, c_g = new_h, new_c, new_g, new_c_g
-        out[b, :n] = torch.stack(hs)
-        finals.append(g)
-    return out, torch.stack(finals)
+
+    def initial(xs):
+        return [zero] * len(xs), [zero] * len(xs), zero, zero
+
+    def word(i, xs, hs, cs, g, c_g):
+        n = len(xs)
+        xi = torch.cat([hs[j] if 0 <= j < n else zero for j in range(i - w, i + w + 1)])
+        pre = [wr[k] @ xi + wx[k] @ xs[i] + wd[k] @ g + bx[k] for k in range(7)]
+        ig, lg, rg, fg, sg = torch.softmax(torch.sigmoid(torch.stack(pre[:5])), dim=0)
+        u = torch.tanh(pre[6])
+        c_left = cs[i - 1] if i > 0 else zero
+        c_right = cs[i + 1] if i + 1 < n else zero
+        c = lg * c_left + fg * cs[i] + rg * c_right + sg * c_g + ig * u
+        return torch.sigmoid(pre[5]) * torch.tanh(c), c
+
+    return run_reference(model, x, lengths, initial, word)
 
 
 @pytest.mark.parametrize(("window", "lengths"), [(1, LENGTHS), (2, LENGTHS), (2, [4, 4])])  # padded, or none
