@@ -123,6 +123,11 @@ def time_cases(
     return timings
 
 
+def bench_parser(name: str, doc: str | None) -> argparse.ArgumentParser:
+    """The parser of ``seqzoo bench NAME``, described by the first paragraph of its module's docstring."""
+    return argparse.ArgumentParser(prog=f"seqzoo bench {name}", description=(doc or "").split("\n\n")[0])
+
+
 def add_timing_arguments(parser: argparse.ArgumentParser, *, warmup: int, per: str = "measurement") -> None:
     """A timing benchmark's options: ``--repeats`` (``per`` measurement), ``--warmup``, ``--threads``, ``--json``."""
     parser.add_argument("--repeats", type=positive_int, default=5, help=f"timed runs per {per} (median)")

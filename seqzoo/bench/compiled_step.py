@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch._dynamo.utils import counters
 
-from seqzoo.bench import positive_int
+from seqzoo.bench import bench_parser, positive_int
 from seqzoo.encoders.dtgru import DeepTransitionGRU, LayerNormGRU
 from seqzoo.encoders.mzu import MZU
 
@@ -92,7 +92,7 @@ def _encoder_keys(text: str) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The options of ``seqzoo bench compiled_step``."""
-    parser = argparse.ArgumentParser(prog="seqzoo bench compiled_step", description=__doc__.splitlines()[0])
+    parser = bench_parser("compiled_step", __doc__)
     parser.add_argument("--encoders", type=_encoder_keys, default=list(DEFAULT), help=f"of {', '.join(ENCODERS)}")
     parser.add_argument("--rounds", type=positive_int, default=5, help="interleaved timed rounds (median)")
     parser.add_argument("--threads", type=positive_int, default=2, help="torch intra-op threads")

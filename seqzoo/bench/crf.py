@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from seqzoo.bench import non_negative_int, positive_int, shapes_arg, time_cases
+from seqzoo.bench import bench_parser, non_negative_int, positive_int, shapes_arg, time_cases
 from seqzoo.heads.crf import CRF
 
 __all__ = ["build_parser", "main", "measure"]
@@ -106,7 +106,7 @@ def _table(rows: list[dict]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The options of ``seqzoo bench crf``."""
-    parser = argparse.ArgumentParser(prog="seqzoo bench crf", description=__doc__.split("\n\n")[0])
+    parser = bench_parser("crf", __doc__)
     parser.add_argument("--shapes", type=shapes_arg, default=DEFAULT_SHAPES, help="comma-separated BxTxK")
     parser.add_argument(
         "--lengths", choices=(*VARIANTS, "both"), default="both", help="full rows, padded rows or both (default)"

@@ -50,7 +50,7 @@ import torch
 from torch import Tensor, nn
 
 from seqzoo.api import load
-from seqzoo.bench import non_negative_int, positive_int, print_rows, shape_arg, time_cases
+from seqzoo.bench import bench_parser, non_negative_int, positive_int, print_rows, shape_arg, time_cases
 from seqzoo.encoders.base import build_encoder
 from seqzoo.encoders.dagrn import DAGRN
 
@@ -369,7 +369,7 @@ def gemm_row(args: argparse.Namespace) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     """The options of ``seqzoo bench dagrn``."""
-    parser = argparse.ArgumentParser(prog="seqzoo bench dagrn", description=__doc__.split("\n\n")[0])
+    parser = bench_parser("dagrn", __doc__)
     parser.add_argument("--run", type=Path, default=None, help="a trained run with a dagrn encoder (see above)")
     parser.add_argument("--seed", type=int, default=None, help="which seed's model of --run, where it has several")
     parser.add_argument("--data", type=Path, default=None, help="a classification folder (lengths, or --run's texts)")

@@ -21,7 +21,7 @@ import math
 import statistics
 import time
 
-from seqzoo.bench import positive_int
+from seqzoo.bench import bench_parser, positive_int
 from seqzoo.config import load_config
 from seqzoo.training.devices import autocast, model_device, set_seed, set_threads
 from seqzoo.training.optim import build_optimizer, scheduled_lr, update
@@ -31,7 +31,7 @@ from seqzoo.training.trainer import total_steps
 
 def build_parser() -> argparse.ArgumentParser:
     """The options of ``seqzoo bench early_training_probe``."""
-    parser = argparse.ArgumentParser(prog="seqzoo bench early_training_probe", description=__doc__.splitlines()[0])
+    parser = bench_parser("early_training_probe", __doc__)
     parser.add_argument("config")
     parser.add_argument("--steps", type=positive_int, default=150)
     parser.add_argument("--every", type=positive_int, default=25, help="a row every this many steps")

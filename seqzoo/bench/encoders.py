@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from seqzoo.bench import (
     add_timing_arguments,
+    bench_parser,
     device_arg,
     positive_int,
     print_rows,
@@ -254,7 +255,7 @@ def _table(rows: list[dict]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The options of ``seqzoo bench encoders``."""
-    parser = argparse.ArgumentParser(prog="seqzoo bench encoders", description=__doc__.split("\n\n")[0])
+    parser = bench_parser("encoders", __doc__)
     parser.add_argument(
         "--encoders",
         type=_parse_encoders,

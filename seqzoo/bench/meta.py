@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from seqzoo.bench import add_timing_arguments, positive_int, print_rows, time_cases
+from seqzoo.bench import add_timing_arguments, bench_parser, positive_int, print_rows, time_cases
 from seqzoo.encoders.base import build_encoder
 from seqzoo.encoders.hyper_lstm import HyperLSTM
 from seqzoo.encoders.meta_lstm import MetaLSTM, materialized_reference
@@ -103,7 +103,7 @@ def _table(rows: list[dict]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The options of ``seqzoo bench meta``."""
-    parser = argparse.ArgumentParser(prog="seqzoo bench meta", description=__doc__.split("\n\n")[0])
+    parser = bench_parser("meta", __doc__)
     parser.add_argument("--batch", type=positive_int, default=16)
     parser.add_argument("--seq-len", type=positive_int, default=50)
     parser.add_argument("--input-size", type=positive_int, default=200, help="d_x (default 200)")

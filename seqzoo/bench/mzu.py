@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from seqzoo.bench import device_arg, positive_int, sgemm_flops_per_s, time_cases
+from seqzoo.bench import bench_parser, device_arg, positive_int, sgemm_flops_per_s, time_cases
 from seqzoo.encoders.base import Encoder, detach_state
 from seqzoo.encoders.dtgru import DeepTransitionGRU
 from seqzoo.encoders.mzu import MZU
@@ -120,7 +120,7 @@ def _time_training(lm: _CharLM, batch: int, bptt: int, repeats: int) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     """The options of ``seqzoo bench mzu``."""
-    parser = argparse.ArgumentParser(prog="seqzoo bench mzu", description=__doc__.split("\n\n")[0])
+    parser = bench_parser("mzu", __doc__)
     parser.add_argument("--batch", type=positive_int, default=256)
     parser.add_argument("--bptt", type=positive_int, default=150, help="the paper's 150 needs ~15 GB of RAM")
     parser.add_argument("--repeats", type=positive_int, default=2, help="timed training steps per model (median)")

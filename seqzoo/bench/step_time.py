@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 
 from torch.optim import Optimizer
 
-from seqzoo.bench import positive_int, time_cases
+from seqzoo.bench import bench_parser, positive_int, time_cases
 from seqzoo.config import RunConfig, load_config
 from seqzoo.data.io import atomic_write_text
 from seqzoo.training.devices import autocast, model_device, set_seed, set_threads
@@ -33,7 +33,7 @@ from seqzoo.training.task import Task
 
 def build_parser() -> argparse.ArgumentParser:
     """The options of ``seqzoo bench step_time``."""
-    parser = argparse.ArgumentParser(prog="seqzoo bench step_time", description=__doc__.splitlines()[0])
+    parser = bench_parser("step_time", __doc__)
     parser.add_argument("configs", nargs="+")
     parser.add_argument("--steps", type=positive_int, default=40)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="applied to every config")
