@@ -98,6 +98,8 @@ def test_training_times_both_paths_and_restores_the_encoder(monkeypatch, capsys)
     assert row["gather_speedup"] == pytest.approx(ratio, rel=0.01)
     (work,) = encoders
     assert not work.encoder.training and work.encoder.gather_in_training is DAGRN.gather_in_training
+    with pytest.raises(SystemExit):  # one mode at a time
+        dagrn_bench.main(["--training", "--gemm-bound"])
 
 
 def test_gemm_bound_replays_every_linear(capsys):

@@ -381,8 +381,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--input", type=positive_int, default=350, help="token feature size (default 300 + 50)")
     parser.add_argument("--depth-size", type=positive_int, default=50, help="depth embedding d_e (default 50)")
     parser.add_argument("--window", type=positive_int, default=1, help="S-LSTM window (default 1)")
-    parser.add_argument("--training", action="store_true", help="time a training step, gathered or all words")
-    parser.add_argument("--gemm-bound", action="store_true", help="time an S-LSTM step against its GEMM bound")
+    mode = parser.add_mutually_exclusive_group()  # default: the inference depth rows
+    mode.add_argument("--training", action="store_true", help="time a training step, gathered or all words")
+    mode.add_argument("--gemm-bound", action="store_true", help="time an S-LSTM step against its GEMM bound")
     parser.add_argument("--gemm-shape", type=shape_arg, default="32x23x400", help="BxTxH for --gemm-bound")
     parser.add_argument("--repeats", type=positive_int, default=5, help="timed runs per measurement (median)")
     parser.add_argument("--warmup", type=non_negative_int, default=1, help="untimed runs first (default 1)")

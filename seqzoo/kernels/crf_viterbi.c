@@ -99,8 +99,9 @@ int crf_viterbi(int dtype, const void *emissions, const int64_t *lengths, const 
         return 1;
     }
     for (int64_t i = 0; i < tags; i++) all[i] = (int32_t)i;
-    Args args = {.dtype = dtype, .emissions = emissions, .start = start, .trans = trans, .end = end, .col_max = col_max, .all = all,
-                 .lengths = lengths, .paths = paths, .scores = scores, .batch = batch, .time = time, .tags = tags};
+    Args args = {.dtype = dtype, .emissions = emissions, .start = start, .trans = trans, .end = end,
+                 .col_max = col_max, .all = all, .lengths = lengths, .paths = paths, .scores = scores,
+                 .batch = batch, .time = time, .tags = tags};
     if (dtype == 0) prepare_f32(&args); else prepare_f64(&args);
     /* a thread costs tens of microseconds to start: only for at least ~4M max-plus operations each
      * (a step tries every previous tag below 4 PRUNE tags, about 2 PRUNE per tag from there on) */
