@@ -357,11 +357,9 @@ def test_compact_inference_equals_the_masked_full_computation(variant, window):
 
 
 def test_inference_bilstm_matches_the_packed_one():
-    """DA-GRN's CPU inference Bi-LSTM (rows grouped by length, unpacked, each row's words reversed
-    for the backward direction) against the packed one, float32 within the float64 bound, zero at
-    pads, an empty row included."""
+    """DA-GRN's CPU inference Bi-LSTM (the recurrence kernel over the real words, or its fallback)
+    against the packed one, float32 within the float64 bound, zero at pads, an empty row included."""
     model = dagrn().float().eval()
-    model.LSTM_GROUP = 2  # rows by length in groups of 2: (5, 4), (3, 1), (0)
     x, mask = padded_batch(4, lengths=[5, 3, 0, 1, 4])
     x = x.nan_to_num(0.0)
     with torch.no_grad():

@@ -28,8 +28,9 @@ Pipeline over token features e (B, T, D) (GloVe + char-CNN, built outside the en
    compute: each step gathers the active words, updates them and scatters them back (Decision 4);
    their neighbours read the frozen states. At inference the words are laid out deepest first
    once, so a step updates a prefix of them in place, and a step with no active word updates the
-   global node only; the input projection runs at the real words only, the Bi-LSTM unpacked by
-   length groups on the CPU (:meth:`DAGRN.sequential_features`);
+   global node only; the input projection runs at the real words only, and on the CPU the Bi-LSTM's recurrence
+   and the global node's sums over the words are C kernels (:meth:`DAGRN.sequential_features`,
+   :mod:`seqzoo.kernels.slstm_global`);
 8. output dropout on h. All dropouts stop at evaluation (the code's hard-coded ones did not).
 
 Gradients (MODELS.md 2.3): without straight-through the depth softmax gets none; E learns only
@@ -52,11 +53,12 @@ from seqzoo.encoders.base import (
     build_encoder,
     check_rate,
     register_encoder,
-    reverse_padded,
     zero_padding,
 )
 from seqzoo.encoders.rnn import sinusoidal_positions
 from seqzoo.encoders.slstm import SentenceStateCell
+from seqzoo.kernels._loader import kernel_serves
+from seqzoo.kernels.lstm_recurrence import lstm_recurrence, lstm_recurrence_available
 
 __all__ = ["DAGRN", "DEPTH_MODES"]
 
@@ -78,8 +80,6 @@ class DAGRN(Encoder):
     repr_fields = ("num_layers", "depth_size", "window", "depth_mode", "depth_offset", "full_depth", "variant")
     #: Whether training also gathers the active words (True) or computes all and keeps the frozen ones.
     gather_in_training = True
-    #: Rows per unpacked Bi-LSTM call at CPU inference (:meth:`sequential_features`).
-    LSTM_GROUP = 8
 
     def __init__(
         self,
@@ -164,36 +164,19 @@ class DAGRN(Encoder):
     def sequential_features(self, x: Tensor, mask: Tensor) -> Tensor:
         """The Bi-LSTM's outputs s (B, T, H), zero at pads, over x (B, T, D) zero at pads (eq. 5).
 
-        With autograd, off the CPU or in a trace or compiled graph, :attr:`sequential` as it is
-        (packed). CPU inference runs the rows by length, longest first, in groups of
-        :attr:`LSTM_GROUP` cut to their longest row, one unpacked ``torch.lstm`` call per group and
-        direction (torch's fused CPU kernel; a packed batch runs step by step, an unpacked one computes its pads)."""
+        CPU inference takes the input projection of both directions at the real words in one product
+        and the recurrence in one call of :func:`~seqzoo.kernels.lstm_recurrence.lstm_recurrence` (no
+        step over a pad, no dispatch per step). With autograd, off the CPU, in a trace or compiled
+        graph, or where the kernel cannot load (said once), :attr:`sequential` as it is (packed)."""
         recording = torch.jit.is_tracing() or torch.compiler.is_compiling()  # a graph must not bake in the lengths
-        if torch.is_grad_enabled() or x.device.type != "cpu" or recording:
+        fallback = "DA-GRN's Bi-LSTM falls back to the packed torch.nn.LSTM"
+        if torch.is_grad_enabled() or recording or not kernel_serves(x, lstm_recurrence_available, fallback):
             return self.sequential(x, mask)[0]
-        lengths = mask.sum(1)  # (B,)
-        order = torch.argsort(lengths, descending=True)
-        s = x.new_zeros(*mask.shape, self.hidden_size)  # (B, T, H)
-        for rows in order.split(self.LSTM_GROUP):
-            length = lengths[rows]  # (b,), longest first
-            span = int(length[0])
-            if span:
-                s[rows, :span] = self._bilstm(x[rows, :span], length)
-        return s
-
-    def _bilstm(self, x: Tensor, lengths: Tensor) -> Tensor:
-        """Bi-LSTM outputs (b, t, H) over x (b, t, D), the reverse direction over each row's words
-        reversed so that in both the pads come after the words (the outputs at the words are exact)."""
-        batch, time = x.shape[:2]
-        rnn = self.sequential.rnn
-        zeros = x.new_zeros(1, batch, rnn.hidden_size)  # h⁰ = c⁰ = 0 (1, b, H/2)
-        outputs = []
-        for direction, weights in enumerate(rnn.all_weights):  # forward, then reverse
-            inputs = reverse_padded(x, lengths, time_dim=1) if direction else x
-            out = torch.lstm(inputs, (zeros, zeros), weights, rnn.bias, 1, 0.0, False, False, True)[0]
-            outputs.append(reverse_padded(out, lengths, time_dim=1) if direction else out)  # (b, t, H/2)
-        real = torch.arange(time, device=x.device) < lengths.unsqueeze(1)  # (b, t)
-        return torch.cat(outputs, dim=-1) * real.unsqueeze(-1)  # (b, t, H)
+        weights = self.sequential.rnn.all_weights  # per direction: W_ih, W_hh, b_ih, b_hh
+        w_ih, bias = torch.cat([w[0] for w in weights]), torch.cat([w[2] + w[3] for w in weights])
+        gates = F.linear(x[mask], w_ih, bias).view(-1, 2, 2 * self.hidden_size)  # (M, 2, 4·H/2)
+        out = lstm_recurrence(gates, torch.stack([w[1] for w in weights]), mask.sum(1))  # (M, 2, H/2)
+        return x.new_zeros(*mask.shape, self.hidden_size).masked_scatter_(mask.unsqueeze(-1), out)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, state: State = None) -> tuple[Tensor, State]:
         mask = self.check_input(x, mask)

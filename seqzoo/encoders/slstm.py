@@ -34,13 +34,13 @@ State: the final global node ``(g, c_g)``, each (B, H); :meth:`SLSTM.global_stat
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqzoo.encoders.base import Encoder, State, check_rate, register_encoder, takes_all_real_shortcut, zero_padding
+from seqzoo.kernels._loader import kernel_serves
+from seqzoo.kernels.slstm_global import global_sums, global_sums_available, global_sums_reference
 
 __all__ = ["SLSTM", "VARIANTS", "SentenceStateCell", "shift"]
 
@@ -132,35 +132,22 @@ class SentenceStateCell(nn.Module):
         return torch.cat([near(h, 0), left_h, right_h], dim=-1), left_c, right_c
 
     def global_update(
-        self,
-        mean_gates: Tensor,
-        c: Tensor,
-        g: Tensor,
-        c_g: Tensor,
-        forget_pre: Tensor,
-        total: Callable[[Tensor], Tensor],
-        spread: Callable[[Tensor], Tensor],
-        real: Tensor | None = None,
+        self, gates_g: Tensor, h_mean: Tensor, weighted: Tensor, weights: Tensor, c_g: Tensor
     ) -> tuple[Tensor, Tensor]:
-        """The global node's step (MODELS.md 2.1 "Global node") from the previous states.
+        """The global node's step (MODELS.md 2.1 "Global node") from the previous states: new (g, c_g), (B, H) each.
 
-        ``mean_gates`` (B, 2H) is ``[U_g h̄ + b_g; U_o h̄ + b_o]`` of the mean h̄ of the current word
-        states; ``forget_pre`` is ``U_f h_i + b_f`` of each word (cached by :meth:`run`, so frozen
-        words are not recomputed) and c each word's cell, in either layout: padded (B, T, H) or the
-        real words only (M, H); c is zero at pads. ``total`` sums a word tensor over each sentence (B, H),
-        ``spread`` gives each word its sentence's row of a (B, H) tensor; ``real`` (B, T, 1), in the
-        padded layout, masks the pads out of the softmax. An empty sentence keeps g's own cell.
+        ``gates_g`` (B, 3H) is ``[W_g g; W_o g; W_f g]`` (:attr:`global_gates` of g), ``h_mean`` (B, H) the
+        mean h̄ of the word states; ``weighted`` and ``weights`` (B, H) are ``Σ_i e_i ⊙ c_i`` and ``Σ_i e_i``
+        over each sentence's real words, ``e_i = exp(σ(W_f g + U_f h_i + b_f))``
+        (:mod:`seqzoo.kernels.slstm_global`). The global cell is the per-dimension softmax over
+        (f̂_1..f̂_n, f̂_g) of the words' cells and its own; an empty sentence keeps its own cell.
         """
-        on_g, out_g, forget_g = self.global_gates(g).chunk(3, dim=-1)  # W_g g, W_o g, W_f g (B, H) each
-        on_mean, out_mean = mean_gates.chunk(2, dim=-1)  # U_g h̄ + b_g, U_o h̄ + b_o
+        on_g, out_g, _ = gates_g.chunk(3, dim=-1)  # W_g g, W_o g (B, H) each
+        on_mean, out_mean = self.mean_gates(h_mean).chunk(2, dim=-1)  # U_g h̄ + b_g, U_o h̄ + b_o
         gate_g = torch.sigmoid(on_g + on_mean)  # f̂_g (B, H)
         gate_o = torch.sigmoid(out_g + out_mean)  # o (B, H)
-        # softmax over (f̂_1..f̂_n, f̂_g) per dimension; the gates lie in (0, 1), so exp needs no shift
-        exp_words = torch.sigmoid(spread(forget_g) + forget_pre).exp()  # (B, T, H) or (M, H)
-        if real is not None:
-            exp_words = exp_words * real  # 0 at pads
-        exp_g = gate_g.exp()  # (B, H)
-        c_g = (total(exp_words * c) + exp_g * c_g) / (total(exp_words) + exp_g)  # (B, H)
+        exp_g = gate_g.exp()  # the gates lie in (0, 1): exp needs no shift
+        c_g = (weighted + exp_g * c_g) / (weights + exp_g)  # (B, H)
         return gate_o * torch.tanh(c_g), c_g
 
     def word_update(
@@ -221,19 +208,14 @@ class SentenceStateCell(nn.Module):
         forget_pre = self.word_forget(h)  # U_f h_i + b_f (B, T, H), refreshed only where h changes
         count = mask.sum(1, keepdim=True).clamp(min=1).to(h.dtype)  # (B, 1) real words, for h̄
         real = mask.unsqueeze(-1).to(h.dtype)  # (B, T, 1)
-
-        def total(t: Tensor) -> Tensor:  # (B, T, H) -> (B, H), zero at pads
-            return t.sum(1)
-
-        def spread(t: Tensor) -> Tensor:  # (B, H) -> (B, 1, H)
-            return t.unsqueeze(1)
-
         if dense:  # every position, the same at every step
             sentence = torch.arange(batch * time, device=h.device) // time  # (B·T,) batch row of each position
         for step in range(num_steps):
             active = mask if updates is None else mask & (updates > step)  # (B, T)
-            mean_gates = self.mean_gates(total(h) / count)  # [U_g h̄ + b_g; U_o h̄ + b_o] (B, 2H)
-            new_g, new_c_g = self.global_update(mean_gates, c, g, c_g, forget_pre, total, spread, real)
+            gates_g = self.global_gates(g)  # (B, 3H)
+            exp_words = torch.sigmoid(gates_g[:, None, 2 * hidden :] + forget_pre).exp() * real  # e_i, 0 at pads
+            weighted, weights = (exp_words * c).sum(1), exp_words.sum(1)  # (B, H) each
+            new_g, new_c_g = self.global_update(gates_g, h.sum(1) / count, weighted, weights, c_g)
             rows = None if dense else active.flatten().nonzero().squeeze(1)  # (N,) flat indices b·T + t
             window, c_left, c_right = self.windows(h, c, rows)  # (N, ·)
             if not dense:
@@ -277,8 +259,9 @@ class SentenceStateCell(nn.Module):
         so the words updated at step l are the first n_l rows: sliced, not gathered, and written back
         in place. Their neighbours are read through index lists built once (a zero row for pads and
         positions outside the sentence); the neighbours' and the words' own states are read before
-        any is written, so the steps stay synchronous. A step that updates no word updates the
-        global node alone, from sums that did not change. Pads cost nothing.
+        any is written, so the steps stay synchronous. The global node's sums over every word are one
+        call of :func:`~seqzoo.kernels.slstm_global.global_sums` per step (its reference where the
+        kernel cannot serve); a step that updates no word updates the global node alone. Pads cost nothing.
         """
         h, c, g, c_g = state
         batch, time, hidden = h.shape
@@ -319,28 +302,27 @@ class SentenceStateCell(nn.Module):
         if x_cell is not None:
             x_cell = x_cell.reshape(batch * time, hidden).index_select(0, position)  # (M, H)
         count = mask.sum(1, keepdim=True).clamp(min=1).to(h.dtype)  # (B, 1)
-
-        def total(t: Tensor) -> Tensor:  # (M, H) -> (B, H), per sentence
-            return t.new_zeros(batch, t.shape[1]).index_add_(0, sentence, t)
-
-        def spread(t: Tensor) -> Tensor:  # (B, H) -> (M, H)
-            return t.index_select(0, sentence)
-
-        mean_gates = self.mean_gates(total(h_words) / count)  # [U_g h̄ + b_g; U_o h̄ + b_o] (B, 2H)
+        fallback = "the S-LSTM global node falls back to its slower PyTorch sums"
+        sums = global_sums if kernel_serves(h, global_sums_available, fallback) else global_sums_reference
+        by_sentence = torch.empty_like(order).index_copy_(0, order, torch.arange(size, device=h.device))  # (M,)
+        lengths = mask.sum(1)  # (B,): the rows of sentence b's words are by_sentence's next lengths[b]
+        on_g = torch.cat([self.global_gates.weight, self.global_input.weight])  # [W_g; W_o; W_f; V]: one product
         for n in updated:
-            new_g, new_c_g = self.global_update(mean_gates, c_words, g, c_g, forget_pre, total, spread)
+            gates_g, input_g = (g @ on_g.t()).split([3 * hidden, on_g.shape[0] - 3 * hidden], dim=-1)
+            forget_g = gates_g[:, 2 * hidden :]  # W_f g (B, H)
+            weighted, weights, h_sum = sums(forget_g, forget_pre, c_words, h_words, by_sentence, lengths, check=False)
+            new_g, new_c_g = self.global_update(gates_g, h_sum / count, weighted, weights, c_g)
             if n:
                 near_h = h_rows.index_select(0, h_near[:n].flatten()).view(n, -1, hidden)  # (n, K, H)
                 near_c = c_rows.index_select(0, c_near[:n].flatten()).view(n, -1, hidden)  # (n, K', H)
                 window, c_left, c_right = self.gathered_window(near_h, near_c)
                 rows = sentence[:n]  # (n,)
                 pre = torch.addmm(x_pre[:n], window, self.recurrent.weight.t())  # W·window + U x + b (n, G·H)
-                pre += self.global_input(g).index_select(0, rows)  # + V g
+                pre += input_g.index_select(0, rows)  # + V g
                 cell_x = x_cell[:n] if x_cell is not None else None
                 h_new, c_new = self.word_update(pre, c_words[:n], c_left, c_right, c_g.index_select(0, rows), cell_x)
                 h_rows[:n], c_rows[:n] = h_new, c_new
                 forget_pre[:n] = self.word_forget(h_new)
-                mean_gates = self.mean_gates(total(h_words) / count)
             g, c_g = new_g, new_c_g
         h = h.new_zeros(batch * time, hidden).index_copy_(0, position, h_words).view(batch, time, hidden)
         c = c.new_zeros(batch * time, hidden).index_copy_(0, position, c_words).view(batch, time, hidden)

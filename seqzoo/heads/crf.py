@@ -37,15 +37,15 @@ proves the result exact, else it takes the full K x K step.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from seqzoo._warn import warn_user
 from seqzoo.data.tags import allowed_transitions
 from seqzoo.encoders.base import check_mask
+from seqzoo.kernels._loader import kernel_serves
 from seqzoo.kernels.crf_forward import (
     compiled_partition_available,
     log_partition_backward_compiled,
@@ -227,22 +227,11 @@ def viterbi_reference(emissions: Tensor, mask: Tensor, start: Tensor, trans: Ten
     return paths.to(emissions.device)
 
 
-def _kernel_serves(emissions: Tensor, available: Callable[[], str | None], fallback: str) -> bool:
-    """Whether a C kernel takes these emissions: float32/float64 on the CPU, the kernel loaded
-    (``available()`` is None); warns, naming the ``fallback``, where it should run but cannot load."""
-    if emissions.device.type != "cpu" or emissions.dtype not in (torch.float32, torch.float64):
-        return False
-    reason = available()
-    if reason is not None:
-        warn_user(f"{fallback}: {reason}", RuntimeWarning)
-    return reason is None
-
-
 def _use_compiled(emissions: Tensor) -> bool:
     """Whether log Z of these emissions takes the C kernel (up to :data:`_COMPILED_MAX_TAGS` tags)."""
     fallback = "the CRF log partition falls back to the slower PyTorch forward-backward"
     small = emissions.shape[2] <= _COMPILED_MAX_TAGS
-    return small and _kernel_serves(emissions, compiled_partition_available, fallback)
+    return small and kernel_serves(emissions, compiled_partition_available, fallback)
 
 
 def log_partition(emissions: Tensor, mask: Tensor, start: Tensor, trans: Tensor, end: Tensor) -> Tensor:
@@ -524,7 +513,7 @@ def viterbi(emissions: Tensor, mask: Tensor, start: Tensor, trans: Tensor, end: 
     """Best paths (B, T) (-1 at pads) and their scores (B,) (rows without a real token: 0): the compiled
     kernel (:mod:`seqzoo.kernels.crf_viterbi`) for float32/float64 CPU tensors, else :func:`viterbi_batched`
     (with a warning when the kernel should have run but cannot load)."""
-    if _kernel_serves(emissions, compiled_viterbi_available, "CRF decoding falls back to the slower PyTorch Viterbi"):
+    if kernel_serves(emissions, compiled_viterbi_available, "CRF decoding falls back to the slower PyTorch Viterbi"):
         lengths = mask.sum(1)  # (B,)
         return viterbi_compiled(emissions.detach(), lengths, start.detach(), trans.detach(), end.detach())
     return viterbi_batched(emissions, mask, start, trans, end)

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import ctypes
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["load_kernel"]
+import torch
+from torch import Tensor
+
+from seqzoo._warn import warn_user
+
+__all__ = ["kernel_serves", "load_kernel"]
 
 _CTYPES = {"i": ctypes.c_int, "l": ctypes.c_int64, "d": ctypes.c_double, "p": ctypes.c_void_p}
 
@@ -28,3 +34,14 @@ def load_kernel(name: str, abi_version: int, **signatures: str) -> ctypes.CDLL |
         getattr(lib, function).argtypes = [_CTYPES[code] for code in codes.replace(" ", "")]
         getattr(lib, function).restype = ctypes.c_int
     return lib
+
+
+def kernel_serves(tensor: Tensor, available: Callable[[], str | None], fallback: str) -> bool:
+    """Whether a C kernel takes ``tensor``: float32/float64 on the CPU, the kernel loaded (``available()``
+    is None); warns, naming the ``fallback``, where it should run but cannot load."""
+    if tensor.device.type != "cpu" or tensor.dtype not in (torch.float32, torch.float64):
+        return False
+    reason = available()
+    if reason is not None:
+        warn_user(f"{fallback}: {reason}", RuntimeWarning)
+    return reason is None

@@ -1,0 +1,124 @@
+/* The recurrence of a (bidirectional) single-layer LSTM over the real tokens of a batch, for CPU inference:
+ * one call per batch, no operator dispatch per step and no step over a pad.
+ *
+ * Plain C99 with pthreads, no Python or torch headers: setuptools compiles it at install time and
+ * seqzoo/kernels/lstm_recurrence.py loads it with ctypes; lstm_recurrence_reference there is the reference.
+ * For each row and direction, over the row's words in order (the reverse direction from its last word back),
+ * from h_0 = c_0 = 0, with PyTorch's gate order (i, f, g, o):
+ *   (1) z_t = x_t W_ih^T + b_ih + b_hh + h_{t-1} W_hh^T   (the first three terms are given: gates_x)
+ *       c_t = sigmoid(f_t) c_{t-1} + sigmoid(i_t) tanh(g_t),   h_t = sigmoid(o_t) tanh(c_t)
+ *
+ * Layouts (row-major, contiguous; M real words, those of row b following those of row b - 1):
+ *   gates_x (M, D, 4H) the input part of z for each word and direction (D = 1 or 2)
+ *   weight_t (D, H, 4H) each direction's W_hh transposed; lengths (B,) int64 words per row, summing to M
+ *   out (M, D, H) h_t of each word and direction
+ * A (row, direction) pair is a task. The tasks are sorted by direction, then longest first, and run in
+ * bundles of ROWS, which step together so that each piece of W_hh is read once per step for all of them
+ * (W_hh is larger than the L1 cache from H = 64 on); a worker thread takes a contiguous range of bundles of
+ * about equal steps. Each task's result is the same in any bundle and on any thread. float32 uses the
+ * branch-free exp of vector_math.h (about 1 ulp); float64 libm's.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "parallel.h"
+#include "vector_math.h"
+
+typedef struct {
+    int dtype; /* 0 = float32, 1 = float64 */
+    const void *gates_x, *weight_t;
+    const int64_t *lengths, *first, *order; /* first: each row's first word; order: the tasks, sorted */
+    void *out;
+    int64_t batch, hidden, directions;
+} Args;
+
+typedef struct {
+    const Args *args;
+    int64_t begin, end; /* bundles */
+    int status;
+} Range;
+
+enum { ROWS = 4 }; /* rows of a bundle */
+
+#define SCALAR float
+#define SFX f32
+#include "lstm_recurrence_body.h"
+#undef SCALAR
+#undef SFX
+
+#define SCALAR double
+#define SFX f64
+#include "lstm_recurrence_body.h"
+#undef SCALAR
+#undef SFX
+
+static void *run_range(void *p) {
+    Range *r = (Range *)p;
+    const Args *a = r->args;
+    const int64_t per_direction = (a->batch + ROWS - 1) / ROWS; /* bundles */
+    void *scratch = malloc((size_t)(6 * ROWS * a->hidden) * (a->dtype ? sizeof(double) : sizeof(float)));
+    if (scratch == NULL) {
+        r->status = 1;
+        return NULL;
+    }
+    for (int64_t bundle = r->begin; bundle < r->end; bundle++) {
+        const int64_t d = bundle / per_direction, begin = d * a->batch + (bundle % per_direction) * ROWS;
+        const int64_t end = begin + ROWS < (d + 1) * a->batch ? begin + ROWS : (d + 1) * a->batch;
+        if (a->dtype)
+            run_bundle_f64(a, begin, end, scratch);
+        else
+            run_bundle_f32(a, begin, end, scratch);
+    }
+    free(scratch);
+    r->status = 0;
+    return NULL;
+}
+
+static const Args *sorting; /* what compare_tasks reads; qsort runs on the caller's thread only */
+
+/* By direction, then longest first, then by row (a total order: the same bundles on every run). */
+static int compare_tasks(const void *x, const void *y) {
+    const int64_t s = *(const int64_t *)x, t = *(const int64_t *)y, dirs = sorting->directions;
+    const int64_t ls = sorting->lengths[s / dirs], lt = sorting->lengths[t / dirs];
+    if (s % dirs != t % dirs) return s % dirs < t % dirs ? -1 : 1;
+    if (ls != lt) return ls > lt ? -1 : 1;
+    return s < t ? -1 : (s > t);
+}
+
+int lstm_recurrence_abi_version(void) { return 1; }
+
+/* Returns 0, or 1 where memory or a thread was lacking. */
+int lstm_recurrence(int dtype, const void *gates_x, const void *weight_t, const int64_t *lengths, int64_t batch,
+                    int64_t hidden, int64_t directions, void *out, int nthreads) {
+    const int64_t tasks = batch * directions, per_direction = (batch + ROWS - 1) / ROWS;
+    const int64_t bundles = directions * per_direction;
+    int64_t *first = malloc((size_t)(batch + 1 + tasks) * sizeof(int64_t));
+    if (first == NULL) return 1;
+    int64_t *order = first + batch + 1;
+    first[0] = 0;
+    for (int64_t b = 0; b < batch; b++) first[b + 1] = first[b] + lengths[b];
+    for (int64_t t = 0; t < tasks; t++) order[t] = t;
+    Args args = {dtype, gates_x, weight_t, lengths, first, order, out, batch, hidden, directions};
+    sorting = &args;
+    qsort(order, (size_t)tasks, sizeof(int64_t), compare_tasks); /* direction d's tasks: order[d B, (d + 1) B) */
+    /* the steps of each bundle: those of its first (longest) task */
+    int64_t steps = 0;
+    for (int64_t i = 0; i < bundles; i++) steps += lengths[order[(i / per_direction) * batch + (i % per_direction) * ROWS] / directions];
+    /* a thread pays for itself from about 64 bundle steps of a 64-wide LSTM */
+    const int64_t n = thread_count(nthreads, bundles, (double)steps * (double)(hidden * hidden), 64.0 * 64.0 * 64.0);
+    Range ranges[MAX_THREADS];
+    int64_t bundle = 0, done = 0; /* steps of the bundles handed out so far */
+    for (int64_t i = 0; i < n; i++) {
+        ranges[i] = (Range){&args, bundle, bundle, 1};
+        const int64_t goal = steps * (i + 1) / n;
+        for (; bundle < bundles && (done < goal || i == n - 1); bundle++) {
+            done += lengths[order[(bundle / per_direction) * batch + (bundle % per_direction) * ROWS] / directions];
+        }
+        ranges[i].end = bundle;
+    }
+    int status = run_ranges(run_range, ranges, sizeof(Range), n);
+    for (int64_t i = 0; i < n; i++) status |= ranges[i].status;
+    free(first);
+    return status;
+}
