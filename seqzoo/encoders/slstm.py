@@ -306,9 +306,8 @@ class SentenceStateCell(nn.Module):
         sums = global_sums if kernel_serves(h, global_sums_available, fallback) else global_sums_reference
         by_sentence = torch.empty_like(order).index_copy_(0, order, torch.arange(size, device=h.device))  # (M,)
         lengths = mask.sum(1)  # (B,): the rows of sentence b's words are by_sentence's next lengths[b]
-        on_g = torch.cat([self.global_gates.weight, self.global_input.weight])  # [W_g; W_o; W_f; V]: one product
         for n in updated:
-            gates_g, input_g = (g @ on_g.t()).split([3 * hidden, on_g.shape[0] - 3 * hidden], dim=-1)
+            gates_g = self.global_gates(g)  # (B, 3H)
             forget_g = gates_g[:, 2 * hidden :]  # W_f g (B, H)
             weighted, weights, h_sum = sums(forget_g, forget_pre, c_words, h_words, by_sentence, lengths, check=False)
             new_g, new_c_g = self.global_update(gates_g, h_sum / count, weighted, weights, c_g)
@@ -318,7 +317,7 @@ class SentenceStateCell(nn.Module):
                 window, c_left, c_right = self.gathered_window(near_h, near_c)
                 rows = sentence[:n]  # (n,)
                 pre = torch.addmm(x_pre[:n], window, self.recurrent.weight.t())  # W·window + U x + b (n, G·H)
-                pre += input_g.index_select(0, rows)  # + V g
+                pre += self.global_input(g).index_select(0, rows)  # + V g
                 cell_x = x_cell[:n] if x_cell is not None else None
                 h_new, c_new = self.word_update(pre, c_words[:n], c_left, c_right, c_g.index_select(0, rows), cell_x)
                 h_rows[:n], c_rows[:n] = h_new, c_new
