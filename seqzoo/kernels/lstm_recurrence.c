@@ -53,18 +53,23 @@ enum { ROWS = 4 }; /* rows of a bundle */
 #undef SCALAR
 #undef SFX
 
+/* Where bundle i starts in the sorted tasks: the bundles run direction by direction, ROWS tasks each. */
+static int64_t bundle_start(int64_t i, int64_t batch) {
+    const int64_t per_direction = (batch + ROWS - 1) / ROWS;
+    return (i / per_direction) * batch + (i % per_direction) * ROWS;
+}
+
 static void *run_range(void *p) {
     Range *r = (Range *)p;
     const Args *a = r->args;
-    const int64_t per_direction = (a->batch + ROWS - 1) / ROWS; /* bundles */
     void *scratch = malloc((size_t)(6 * ROWS * a->hidden) * (a->dtype ? sizeof(double) : sizeof(float)));
     if (scratch == NULL) {
         r->status = 1;
         return NULL;
     }
     for (int64_t bundle = r->begin; bundle < r->end; bundle++) {
-        const int64_t d = bundle / per_direction, begin = d * a->batch + (bundle % per_direction) * ROWS;
-        const int64_t end = begin + ROWS < (d + 1) * a->batch ? begin + ROWS : (d + 1) * a->batch;
+        const int64_t begin = bundle_start(bundle, a->batch), limit = (begin / a->batch + 1) * a->batch;
+        const int64_t end = begin + ROWS < limit ? begin + ROWS : limit; /* within the bundle's direction */
         if (a->dtype)
             run_bundle_f64(a, begin, end, scratch);
         else
@@ -75,15 +80,13 @@ static void *run_range(void *p) {
     return NULL;
 }
 
-static const Args *sorting; /* what compare_tasks reads; qsort runs on the caller's thread only */
+typedef struct {
+    int64_t key, task; /* key: direction, then longest first, then the task (all distinct) */
+} Sortable;
 
-/* By direction, then longest first, then by row (a total order: the same bundles on every run). */
-static int compare_tasks(const void *x, const void *y) {
-    const int64_t s = *(const int64_t *)x, t = *(const int64_t *)y, dirs = sorting->directions;
-    const int64_t ls = sorting->lengths[s / dirs], lt = sorting->lengths[t / dirs];
-    if (s % dirs != t % dirs) return s % dirs < t % dirs ? -1 : 1;
-    if (ls != lt) return ls > lt ? -1 : 1;
-    return s < t ? -1 : (s > t);
+static int compare_keys(const void *x, const void *y) {
+    const int64_t a = ((const Sortable *)x)->key, b = ((const Sortable *)y)->key;
+    return (a > b) - (a < b);
 }
 
 int lstm_recurrence_abi_version(void) { return 1; }
@@ -98,13 +101,24 @@ int lstm_recurrence(int dtype, const void *gates_x, const void *weight_t, const 
     int64_t *order = first + batch + 1;
     first[0] = 0;
     for (int64_t b = 0; b < batch; b++) first[b + 1] = first[b] + lengths[b];
-    for (int64_t t = 0; t < tasks; t++) order[t] = t;
+    Sortable *sorted = malloc((size_t)(tasks > 0 ? tasks : 1) * sizeof(Sortable));
+    if (sorted == NULL) {
+        free(first);
+        return 1;
+    }
+    int64_t longest = 0;
+    for (int64_t b = 0; b < batch; b++) longest = lengths[b] > longest ? lengths[b] : longest;
+    for (int64_t t = 0; t < tasks; t++) {
+        const int64_t rank = (t % directions) * (longest + 1) + longest - lengths[t / directions];
+        sorted[t] = (Sortable){rank * tasks + t, t};
+    }
+    qsort(sorted, (size_t)tasks, sizeof(Sortable), compare_keys); /* direction d's tasks: order[d B, (d + 1) B) */
+    for (int64_t t = 0; t < tasks; t++) order[t] = sorted[t].task;
+    free(sorted);
     Args args = {dtype, gates_x, weight_t, lengths, first, order, out, batch, hidden, directions};
-    sorting = &args;
-    qsort(order, (size_t)tasks, sizeof(int64_t), compare_tasks); /* direction d's tasks: order[d B, (d + 1) B) */
     /* the steps of each bundle: those of its first (longest) task */
     int64_t steps = 0;
-    for (int64_t i = 0; i < bundles; i++) steps += lengths[order[(i / per_direction) * batch + (i % per_direction) * ROWS] / directions];
+    for (int64_t i = 0; i < bundles; i++) steps += lengths[order[bundle_start(i, batch)] / directions];
     /* a thread pays for itself from about 64 bundle steps of a 64-wide LSTM */
     const int64_t n = thread_count(nthreads, bundles, (double)steps * (double)(hidden * hidden), 64.0 * 64.0 * 64.0);
     Range ranges[MAX_THREADS];
@@ -113,7 +127,7 @@ int lstm_recurrence(int dtype, const void *gates_x, const void *weight_t, const 
         ranges[i] = (Range){&args, bundle, bundle, 1};
         const int64_t goal = steps * (i + 1) / n;
         for (; bundle < bundles && (done < goal || i == n - 1); bundle++) {
-            done += lengths[order[(bundle / per_direction) * batch + (bundle % per_direction) * ROWS] / directions];
+            done += lengths[order[bundle_start(bundle, batch)] / directions];
         }
         ranges[i].end = bundle;
     }
