@@ -14,6 +14,7 @@ unix_flags = ["-O3", "-g0", "-std=c99", "-pthread", "-fno-math-errno", "-fno-tra
 # DA-GRN's inference kernels multiply-add in fused instructions (-std=c99 turns the contraction off); the others
 # keep their rounding
 contracted = {"lstm_recurrence", "slstm_global"}
+shared_headers = ("parallel", "vector_math", "both_types")
 
 
 def flags(name: str) -> list[str]:
@@ -27,7 +28,7 @@ setup(
         Extension(
             f"seqzoo.kernels._{name}",
             sources=[f"seqzoo/kernels/{name}.c"],
-            depends=[f"seqzoo/kernels/{name}_body.h", "seqzoo/kernels/parallel.h", "seqzoo/kernels/vector_math.h"],
+            depends=[f"seqzoo/kernels/{header}.h" for header in (f"{name}_body", *shared_headers)],
             extra_compile_args=flags(name),
             extra_link_args=[] if sys.platform == "win32" else ["-pthread", "-lm"],
             optional=True,

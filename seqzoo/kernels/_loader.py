@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import sysconfig
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +13,7 @@ from torch import Tensor
 
 from seqzoo._warn import warn_user
 
-__all__ = ["kernel_serves", "load_kernel"]
+__all__ = ["CompiledKernel", "kernel_serves", "load_kernel"]
 
 _CTYPES = {"i": ctypes.c_int, "l": ctypes.c_int64, "d": ctypes.c_double, "p": ctypes.c_void_p}
 
@@ -34,6 +35,26 @@ def load_kernel(name: str, abi_version: int, **signatures: str) -> ctypes.CDLL |
         getattr(lib, function).argtypes = [_CTYPES[code] for code in codes.replace(" ", "")]
         getattr(lib, function).restype = ctypes.c_int
     return lib
+
+
+class CompiledKernel:
+    """A kernel's library, loaded by :func:`load_kernel` on first use and kept: :meth:`unavailable` says
+    why it cannot serve (None when it can), :meth:`loaded` returns it or raises that reason."""
+
+    def __init__(self, name: str, abi_version: int, **signatures: str) -> None:
+        self.name, self.abi_version, self.signatures = name, abi_version, signatures
+
+    @functools.cached_property
+    def library(self) -> ctypes.CDLL | str:
+        return load_kernel(self.name, self.abi_version, **self.signatures)
+
+    def unavailable(self) -> str | None:
+        return self.library if isinstance(self.library, str) else None
+
+    def loaded(self) -> ctypes.CDLL:
+        if isinstance(self.library, str):
+            raise RuntimeError(self.library)
+        return self.library
 
 
 def kernel_serves(tensor: Tensor, available: Callable[[], str | None], fallback: str) -> bool:

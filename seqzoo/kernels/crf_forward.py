@@ -20,40 +20,24 @@ and says so when it cannot.
 
 from __future__ import annotations
 
-import ctypes
-import functools
-
 import torch
 from torch import Tensor
 
-from seqzoo.kernels._loader import load_kernel
+from seqzoo.kernels._loader import CompiledKernel
 from seqzoo.kernels.crf_viterbi import DTYPE_CODE, checked_inputs
 
 __all__ = ["compiled_partition_available", "log_partition_backward_compiled", "log_partition_compiled"]
 
 _ABI_VERSION = 1  # crf_forward_abi_version() of the C source this wrapper calls
 _LOST_PRECISION = 2  # the kernels' status where a normaliser fell under sqrt(tiny)
-
-
-@functools.cache
-def _library() -> ctypes.CDLL | str:
-    """The compiled kernel, or the reason it is unavailable."""
-    return load_kernel(
-        "crf_forward", _ABI_VERSION, crf_forward="i ppppp lll ppp i", crf_backward="i ppppp lll ppppppp i"
-    )
+_KERNEL = CompiledKernel(
+    "crf_forward", _ABI_VERSION, crf_forward="i ppppp lll ppp i", crf_backward="i ppppp lll ppppppp i"
+)
 
 
 def compiled_partition_available() -> str | None:
     """None when the kernel is loaded, else why it is not."""
-    lib = _library()
-    return lib if isinstance(lib, str) else None
-
-
-def _loaded() -> ctypes.CDLL:
-    lib = _library()
-    if isinstance(lib, str):
-        raise RuntimeError(lib)
-    return lib
+    return _KERNEL.unavailable()
 
 
 def _succeeded(status: int, name: str) -> bool:
@@ -67,7 +51,7 @@ def log_partition_compiled(
     emissions: Tensor, lengths: Tensor, start: Tensor, trans: Tensor, end: Tensor
 ) -> tuple[Tensor, tuple[Tensor, Tensor]] | None:
     """log Z (B,) and the forward variables for the backward, or None (precision); see the module docstring."""
-    lib = _loaded()
+    lib = _KERNEL.loaded()
     inputs = checked_inputs("the compiled CRF forward", emissions, lengths, start, trans, end)
     batch, time, tags = emissions.shape
     log_z = inputs[0].new_empty(batch)
@@ -90,7 +74,7 @@ def log_partition_backward_compiled(
     grad: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
     """The gradients of sum_b grad[b] log Z_b w.r.t. emissions, start, trans, end, or None (precision)."""
-    lib = _loaded()
+    lib = _KERNEL.loaded()
     inputs = checked_inputs("the compiled CRF backward", emissions, lengths, start, trans, end)
     batch, time, tags = emissions.shape
     alpha, norm = saved

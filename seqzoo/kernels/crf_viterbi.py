@@ -15,30 +15,21 @@ path (the GPU's) are in :mod:`seqzoo.heads.crf`, which picks this kernel for CPU
 
 from __future__ import annotations
 
-import ctypes
-import functools
-
 import torch
 from torch import Tensor
 
-from seqzoo.kernels._loader import load_kernel
+from seqzoo.kernels._loader import CompiledKernel
 
 __all__ = ["DTYPE_CODE", "checked_inputs", "compiled_viterbi_available", "viterbi_compiled"]
 
 DTYPE_CODE = {torch.float32: 0, torch.float64: 1}  # the kernels' dtype argument
 _ABI_VERSION = 1  # crf_viterbi_abi_version() of the C source this wrapper calls
-
-
-@functools.cache
-def _library() -> ctypes.CDLL | str:
-    """The compiled kernel, or the reason it is unavailable."""
-    return load_kernel("crf_viterbi", _ABI_VERSION, crf_viterbi="i ppppp lll pp i")
+_KERNEL = CompiledKernel("crf_viterbi", _ABI_VERSION, crf_viterbi="i ppppp lll pp i")
 
 
 def compiled_viterbi_available() -> str | None:
     """None when the kernel is loaded, else why it is not."""
-    lib = _library()
-    return lib if isinstance(lib, str) else None
+    return _KERNEL.unavailable()
 
 
 def checked_inputs(
@@ -62,9 +53,7 @@ def viterbi_compiled(
     emissions: Tensor, lengths: Tensor, start: Tensor, trans: Tensor, end: Tensor
 ) -> tuple[Tensor, Tensor]:
     """Best paths (B, T) (-1 at pads) and their scores (B,); see the module docstring."""
-    lib = _library()
-    if isinstance(lib, str):
-        raise RuntimeError(lib)
+    lib = _KERNEL.loaded()
     inputs = checked_inputs("the compiled Viterbi", emissions, lengths, start, trans, end)
     batch, time, tags = emissions.shape
     paths = torch.empty(batch, time, dtype=torch.int64)

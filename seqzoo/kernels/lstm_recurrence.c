@@ -41,17 +41,8 @@ typedef struct {
 
 enum { ROWS = 4 }; /* rows of a bundle */
 
-#define SCALAR float
-#define SFX f32
-#include "lstm_recurrence_body.h"
-#undef SCALAR
-#undef SFX
-
-#define SCALAR double
-#define SFX f64
-#include "lstm_recurrence_body.h"
-#undef SCALAR
-#undef SFX
+#define BODY "lstm_recurrence_body.h"
+#include "both_types.h"
 
 /* Where bundle i starts in the sorted tasks: the bundles run direction by direction, ROWS tasks each. */
 static int64_t bundle_start(int64_t i, int64_t batch) {

@@ -19,30 +19,21 @@ when :func:`lstm_recurrence_available`, and says so when it cannot load.
 
 from __future__ import annotations
 
-import ctypes
-import functools
-
 import torch
 from torch import Tensor
 
-from seqzoo.kernels._loader import load_kernel
+from seqzoo.kernels._loader import CompiledKernel
 from seqzoo.kernels.crf_viterbi import DTYPE_CODE
 
 __all__ = ["lstm_recurrence", "lstm_recurrence_available", "lstm_recurrence_reference"]
 
 _ABI_VERSION = 1  # lstm_recurrence_abi_version() of the C source this wrapper calls
-
-
-@functools.cache
-def _library() -> ctypes.CDLL | str:
-    """The compiled kernel, or the reason it is unavailable."""
-    return load_kernel("lstm_recurrence", _ABI_VERSION, lstm_recurrence="i ppp lll p i")
+_KERNEL = CompiledKernel("lstm_recurrence", _ABI_VERSION, lstm_recurrence="i ppp lll p i")
 
 
 def lstm_recurrence_available() -> str | None:
     """None when the kernel is loaded, else why it is not."""
-    lib = _library()
-    return lib if isinstance(lib, str) else None
+    return _KERNEL.unavailable()
 
 
 def _checked(gates_x: Tensor, weight_hh: Tensor, lengths: Tensor) -> tuple[int, int, int]:
@@ -77,9 +68,7 @@ def lstm_recurrence_reference(gates_x: Tensor, weight_hh: Tensor, lengths: Tenso
 
 def lstm_recurrence(gates_x: Tensor, weight_hh: Tensor, lengths: Tensor) -> Tensor:
     """:func:`lstm_recurrence_reference` by the C kernel: float32/float64 CPU tensors, no autograd."""
-    lib = _library()
-    if isinstance(lib, str):
-        raise RuntimeError(lib)
+    lib = _KERNEL.loaded()
     words, directions, hidden = _checked(gates_x, weight_hh, lengths)
     if gates_x.dtype not in DTYPE_CODE or gates_x.device.type != "cpu":
         raise TypeError(f"the LSTM recurrence kernel takes float32/float64 CPU tensors, got {gates_x.dtype}")

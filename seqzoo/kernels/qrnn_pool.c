@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "parallel.h"
+#include "vector_math.h"
 
 enum { POOL_F = 0, POOL_FO = 1, POOL_IFO = 2 };
 #define BLOCK 256 /* channels per work item: long contiguous rows per step keep the prefetchers streaming */
@@ -37,42 +38,14 @@ typedef struct {
     int pooling, reverse, store;
 } Args;
 
-/* exp for float32 that the compiler vectorises: 2^n * p(r), relative error ~2e-7. */
-static inline float exp_f32(float x) {
-    x = x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;
-    const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f; /* round(x / ln 2) */
-    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f; /* Cephes expf */
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    const int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
-
 #if defined(__GNUC__)
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 #else
 #define ALWAYS_INLINE inline
 #endif
 
-#define SCALAR float
-#define SFX f32
-#define EXP exp_f32
-#include "qrnn_pool_body.h"
-#undef SCALAR
-#undef SFX
-#undef EXP
-
-#define SCALAR double
-#define SFX f64
-#define EXP exp
-#include "qrnn_pool_body.h"
+#define BODY "qrnn_pool_body.h"
+#include "both_types.h"
 
 typedef void (*item_fn)(const Args *, int64_t, void *);
 

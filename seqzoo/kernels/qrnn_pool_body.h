@@ -1,12 +1,10 @@
-/* Kernel bodies for one scalar type; included by qrnn_pool.c with SCALAR, SFX and EXP defined.
+/* Kernel bodies for one scalar type; included by qrnn_pool.c with SCALAR and SFX defined (sigmoid and tanh:
+ * vector_math.h).
  * The per-step loops over channels are specialised (inlined with constant pooling / keep flags)
  * so that they compile to branch-free vector code. */
 #define CAT_(a, b) a##_##b
 #define CAT(a, b) CAT_(a, b)
 #define FN(name) CAT(name, SFX)
-
-static inline SCALAR FN(sigmoid)(SCALAR x) { return 1 / (1 + EXP(-x)); }
-static inline SCALAR FN(tanh)(SCALAR x) { return 1 - 2 / (EXP(2 * x) + 1); }
 
 /* Zoneout scale of 1 - f (eq. 6), and of i with ifo-pooling (a zoned-out channel keeps its state): the keep
  * mask in training, keep_prob (1 - p) at evaluation. */

@@ -39,17 +39,8 @@ typedef struct {
 
 enum { BLOCK = 16 }; /* dimensions summed in registers at a time: one AVX-512 register of float32 */
 
-#define SCALAR float
-#define SFX f32
-#include "slstm_global_body.h"
-#undef SCALAR
-#undef SFX
-
-#define SCALAR double
-#define SFX f64
-#include "slstm_global_body.h"
-#undef SCALAR
-#undef SFX
+#define BODY "slstm_global_body.h"
+#include "both_types.h"
 
 static void *run_range(void *p) {
     Range *r = (Range *)p;

@@ -21,30 +21,21 @@ inference path (:meth:`~seqzoo.encoders.slstm.SentenceStateCell.run_compact`) ca
 
 from __future__ import annotations
 
-import ctypes
-import functools
-
 import torch
 from torch import Tensor
 
-from seqzoo.kernels._loader import load_kernel
+from seqzoo.kernels._loader import CompiledKernel
 from seqzoo.kernels.crf_viterbi import DTYPE_CODE
 
 __all__ = ["global_sums", "global_sums_available", "global_sums_reference"]
 
 _ABI_VERSION = 1  # slstm_global_abi_version() of the C source this wrapper calls
-
-
-@functools.cache
-def _library() -> ctypes.CDLL | str:
-    """The compiled kernel, or the reason it is unavailable."""
-    return load_kernel("slstm_global", _ABI_VERSION, slstm_global_sums="i pppppp ll ppp i")
+_KERNEL = CompiledKernel("slstm_global", _ABI_VERSION, slstm_global_sums="i pppppp ll ppp i")
 
 
 def global_sums_available() -> str | None:
     """None when the kernel is loaded, else why it is not."""
-    lib = _library()
-    return lib if isinstance(lib, str) else None
+    return _KERNEL.unavailable()
 
 
 def _checked(forget_g: Tensor, forget_pre: Tensor, cell: Tensor, h: Tensor, rows: Tensor, lengths: Tensor) -> None:
@@ -81,9 +72,7 @@ def global_sums(
     """:func:`global_sums_reference` by the C kernel: float32/float64 CPU tensors, no autograd. ``check=False``
     skips the checks of shapes and indices (out-of-range rows would read outside the tensors): for a caller
     that built them so."""
-    lib = _library()
-    if isinstance(lib, str):
-        raise RuntimeError(lib)
+    lib = _KERNEL.loaded()
     if forget_g.dtype not in DTYPE_CODE or forget_g.device.type != "cpu":
         raise TypeError(f"the S-LSTM global kernel takes float32/float64 CPU tensors, got {forget_g.dtype}")
     if check:
