@@ -27,19 +27,19 @@ needs_kernels = pytest.mark.skipif(
 LENGTHS = [7, 0, 1, 4, 40, 3]  # an empty row, a one-word row, one long enough for a chaotic recurrence to show
 
 
-def lstm_inputs(hidden: int, directions: int, dtype=torch.float64, seed: int = 0):
+def lstm_inputs(hidden: int, directions: int, dtype=torch.float64, seed: int = 0, lengths=LENGTHS):
     gen = torch.Generator().manual_seed(seed)
-    lengths = torch.tensor(LENGTHS)
+    lengths = torch.tensor(lengths)
     gates = torch.randn(int(lengths.sum()), directions, 4 * hidden, generator=gen, dtype=dtype)
     weight = torch.randn(directions, 4 * hidden, hidden, generator=gen, dtype=dtype) / hidden**0.5
     return gates, weight, lengths
 
 
-def sums_inputs(hidden: int, dtype=torch.float64, seed: int = 0):
+def sums_inputs(hidden: int, dtype=torch.float64, seed: int = 0, lengths=LENGTHS):
     gen = torch.Generator().manual_seed(seed)
-    lengths = torch.tensor(LENGTHS)
+    lengths = torch.tensor(lengths)
     words = int(lengths.sum())
-    forget_g = torch.randn(len(LENGTHS), hidden, generator=gen, dtype=dtype)
+    forget_g = torch.randn(len(lengths), hidden, generator=gen, dtype=dtype)
     per_word = [torch.randn(words, hidden, generator=gen, dtype=dtype) * 2 for _ in range(3)]
     rows = torch.randperm(words, generator=gen)  # the words laid out in any order (deepest first in the S-LSTM)
     return forget_g, *per_word, rows, lengths
@@ -77,8 +77,9 @@ def test_lstm_kernel_equals_reference(hidden, directions):
 @needs_kernels
 def test_lstm_kernel_over_threads(monkeypatch):
     """Rows over worker threads: each row and direction is computed whole by one thread, so the result
-    is the one-thread result, bit for bit."""
-    gates, weight, lengths = lstm_inputs(60, 2, torch.float32)
+    is the one-thread result, bit for bit. (32 rows of up to 40 words at H = 60: enough work for the kernel
+    to start its threads.)"""
+    gates, weight, lengths = lstm_inputs(60, 2, torch.float32, lengths=[7, 0, 1, 4, 40, 3, 25, 12] * 4)
     one = lstm_recurrence(gates, weight, lengths)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     assert torch.equal(lstm_recurrence(gates, weight, lengths), one)
@@ -101,7 +102,8 @@ def test_global_sums_kernel_equals_reference(hidden):
 
 @needs_kernels
 def test_global_sums_kernel_over_threads(monkeypatch):
-    inputs = sums_inputs(120, torch.float32)
+    """Sentences over worker threads (725 words at H = 120: enough work for two), the one-thread sums."""
+    inputs = sums_inputs(120, torch.float32, lengths=[60, 0, 1, 40, 20, 24] * 5)
     one = global_sums(*inputs)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     assert all(torch.equal(a, b) for a, b in zip(global_sums(*inputs), one, strict=True))

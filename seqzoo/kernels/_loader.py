@@ -13,7 +13,9 @@ from torch import Tensor
 
 from seqzoo._warn import warn_user
 
-__all__ = ["CompiledKernel", "kernel_serves", "load_kernel"]
+__all__ = ["DTYPE_CODE", "CompiledKernel", "kernel_serves", "load_kernel"]
+
+DTYPE_CODE = {torch.float32: 0, torch.float64: 1}  # the kernels' dtype argument
 
 _CTYPES = {"i": ctypes.c_int, "l": ctypes.c_int64, "d": ctypes.c_double, "p": ctypes.c_void_p}
 
@@ -60,7 +62,7 @@ class CompiledKernel:
 def kernel_serves(tensor: Tensor, available: Callable[[], str | None], fallback: str) -> bool:
     """Whether a C kernel takes ``tensor``: float32/float64 on the CPU, the kernel loaded (``available()``
     is None); warns, naming the ``fallback``, where it should run but cannot load."""
-    if tensor.device.type != "cpu" or tensor.dtype not in (torch.float32, torch.float64):
+    if tensor.device.type != "cpu" or tensor.dtype not in DTYPE_CODE:
         return False
     reason = available()
     if reason is not None:

@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from seqzoo.kernels._loader import CompiledKernel
-from seqzoo.kernels.crf_viterbi import DTYPE_CODE, checked_inputs
+from seqzoo.kernels._loader import DTYPE_CODE, CompiledKernel
+from seqzoo.kernels.crf_viterbi import checked_inputs
 
 __all__ = ["compiled_partition_available", "log_partition_backward_compiled", "log_partition_compiled"]
 

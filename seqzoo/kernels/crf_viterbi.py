@@ -18,11 +18,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from seqzoo.kernels._loader import CompiledKernel
+from seqzoo.kernels._loader import DTYPE_CODE, CompiledKernel
 
-__all__ = ["DTYPE_CODE", "checked_inputs", "compiled_viterbi_available", "viterbi_compiled"]
+__all__ = ["checked_inputs", "compiled_viterbi_available", "viterbi_compiled"]
 
-DTYPE_CODE = {torch.float32: 0, torch.float64: 1}  # the kernels' dtype argument
 _ABI_VERSION = 1  # crf_viterbi_abi_version() of the C source this wrapper calls
 _KERNEL = CompiledKernel("crf_viterbi", _ABI_VERSION, crf_viterbi="i ppppp lll pp i")
 

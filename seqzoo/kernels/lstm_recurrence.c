@@ -12,10 +12,10 @@
  *   gates_x (M, D, 4H) the input part of z for each word and direction (D = 1 or 2)
  *   weight_t (D, H, 4H) each direction's W_hh transposed; lengths (B,) int64 words per row, summing to M
  *   out (M, D, H) h_t of each word and direction
- * A (row, direction) pair is a task. The tasks are sorted by direction, then longest first, and run in
- * bundles of ROWS, which step together so that each piece of W_hh is read once per step for all of them
- * (W_hh is larger than the L1 cache from H = 64 on); a worker thread takes a contiguous range of bundles of
- * about equal steps. Each task's result is the same in any bundle and on any thread. float32 uses the
+ * order (B,) int64 lists the rows longest first. Each direction runs them in that order in bundles of ROWS,
+ * which step together so that each piece of W_hh is read once per step for all of them (W_hh is larger than
+ * the L1 cache from H = 64 on); a worker thread takes a contiguous range of bundles of about equal steps.
+ * Each row's result is the same in any bundle and on any thread. float32 uses the
  * branch-free exp of vector_math.h (about 1 ulp); float64 libm's.
  */
 #include <stdint.h>
@@ -28,7 +28,7 @@
 typedef struct {
     int dtype; /* 0 = float32, 1 = float64 */
     const void *gates_x, *weight_t;
-    const int64_t *lengths, *first, *order; /* first: each row's first word; order: the tasks, sorted */
+    const int64_t *lengths, *first, *order; /* first: each row's first word; order: the rows, longest first */
     void *out;
     int64_t batch, hidden, directions;
 } Args;
@@ -44,72 +44,41 @@ enum { ROWS = 4 }; /* rows of a bundle */
 #define BODY "lstm_recurrence_body.h"
 #include "both_types.h"
 
-/* Where bundle i starts in the sorted tasks: the bundles run direction by direction, ROWS tasks each. */
-static int64_t bundle_start(int64_t i, int64_t batch) {
-    const int64_t per_direction = (batch + ROWS - 1) / ROWS;
-    return (i / per_direction) * batch + (i % per_direction) * ROWS;
-}
-
 static void *run_range(void *p) {
     Range *r = (Range *)p;
     const Args *a = r->args;
+    const int64_t per_direction = (a->batch + ROWS - 1) / ROWS; /* bundles */
     void *scratch = malloc((size_t)(6 * ROWS * a->hidden) * (a->dtype ? sizeof(double) : sizeof(float)));
     if (scratch == NULL) {
         r->status = 1;
         return NULL;
     }
     for (int64_t bundle = r->begin; bundle < r->end; bundle++) {
-        const int64_t begin = bundle_start(bundle, a->batch), limit = (begin / a->batch + 1) * a->batch;
-        const int64_t end = begin + ROWS < limit ? begin + ROWS : limit; /* within the bundle's direction */
+        const int64_t d = bundle / per_direction, begin = (bundle % per_direction) * ROWS;
+        const int64_t count = begin + ROWS < a->batch ? ROWS : a->batch - begin;
         if (a->dtype)
-            run_bundle_f64(a, begin, end, scratch);
+            run_bundle_f64(a, d, a->order + begin, count, scratch);
         else
-            run_bundle_f32(a, begin, end, scratch);
+            run_bundle_f32(a, d, a->order + begin, count, scratch);
     }
     free(scratch);
     r->status = 0;
     return NULL;
 }
 
-typedef struct {
-    int64_t key, task; /* key: direction, then longest first, then the task (all distinct) */
-} Sortable;
-
-static int compare_keys(const void *x, const void *y) {
-    const int64_t a = ((const Sortable *)x)->key, b = ((const Sortable *)y)->key;
-    return (a > b) - (a < b);
-}
-
-int lstm_recurrence_abi_version(void) { return 1; }
+int lstm_recurrence_abi_version(void) { return 2; }
 
 /* Returns 0, or 1 where memory or a thread was lacking. */
-int lstm_recurrence(int dtype, const void *gates_x, const void *weight_t, const int64_t *lengths, int64_t batch,
-                    int64_t hidden, int64_t directions, void *out, int nthreads) {
-    const int64_t tasks = batch * directions, per_direction = (batch + ROWS - 1) / ROWS;
-    const int64_t bundles = directions * per_direction;
-    int64_t *first = malloc((size_t)(batch + 1 + tasks) * sizeof(int64_t));
+int lstm_recurrence(int dtype, const void *gates_x, const void *weight_t, const int64_t *lengths, const int64_t *order,
+                    int64_t batch, int64_t hidden, int64_t directions, void *out, int nthreads) {
+    const int64_t per_direction = (batch + ROWS - 1) / ROWS, bundles = directions * per_direction;
+    int64_t *first = malloc((size_t)(batch + 1) * sizeof(int64_t));
     if (first == NULL) return 1;
-    int64_t *order = first + batch + 1;
     first[0] = 0;
     for (int64_t b = 0; b < batch; b++) first[b + 1] = first[b] + lengths[b];
-    Sortable *sorted = malloc((size_t)(tasks > 0 ? tasks : 1) * sizeof(Sortable));
-    if (sorted == NULL) {
-        free(first);
-        return 1;
-    }
-    int64_t longest = 0;
-    for (int64_t b = 0; b < batch; b++) longest = lengths[b] > longest ? lengths[b] : longest;
-    for (int64_t t = 0; t < tasks; t++) {
-        const int64_t rank = (t % directions) * (longest + 1) + longest - lengths[t / directions];
-        sorted[t] = (Sortable){rank * tasks + t, t};
-    }
-    qsort(sorted, (size_t)tasks, sizeof(Sortable), compare_keys); /* direction d's tasks: order[d B, (d + 1) B) */
-    for (int64_t t = 0; t < tasks; t++) order[t] = sorted[t].task;
-    free(sorted);
     Args args = {dtype, gates_x, weight_t, lengths, first, order, out, batch, hidden, directions};
-    /* the steps of each bundle: those of its first (longest) task */
-    int64_t steps = 0;
-    for (int64_t i = 0; i < bundles; i++) steps += lengths[order[bundle_start(i, batch)] / directions];
+    int64_t steps = 0; /* a bundle runs as many steps as its first (longest) row */
+    for (int64_t i = 0; i < per_direction; i++) steps += directions * lengths[order[i * ROWS]];
     /* a thread pays for itself from about 64 bundle steps of a 64-wide LSTM */
     const int64_t n = thread_count(nthreads, bundles, (double)steps * (double)(hidden * hidden), 64.0 * 64.0 * 64.0);
     Range ranges[MAX_THREADS];
@@ -118,7 +87,7 @@ int lstm_recurrence(int dtype, const void *gates_x, const void *weight_t, const 
         ranges[i] = (Range){&args, bundle, bundle, 1};
         const int64_t goal = steps * (i + 1) / n;
         for (; bundle < bundles && (done < goal || i == n - 1); bundle++) {
-            done += lengths[order[bundle_start(bundle, batch)] / directions];
+            done += lengths[order[(bundle % per_direction) * ROWS]];
         }
         ranges[i].end = bundle;
     }

@@ -22,13 +22,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from seqzoo.kernels._loader import CompiledKernel
-from seqzoo.kernels.crf_viterbi import DTYPE_CODE
+from seqzoo.kernels._loader import DTYPE_CODE, CompiledKernel
 
 __all__ = ["lstm_recurrence", "lstm_recurrence_available", "lstm_recurrence_reference"]
 
-_ABI_VERSION = 1  # lstm_recurrence_abi_version() of the C source this wrapper calls
-_KERNEL = CompiledKernel("lstm_recurrence", _ABI_VERSION, lstm_recurrence="i ppp lll p i")
+_ABI_VERSION = 2  # lstm_recurrence_abi_version() of the C source this wrapper calls
+_KERNEL = CompiledKernel("lstm_recurrence", _ABI_VERSION, lstm_recurrence="i pppp lll p i")
 
 
 def lstm_recurrence_available() -> str | None:
@@ -75,9 +74,10 @@ def lstm_recurrence(gates_x: Tensor, weight_hh: Tensor, lengths: Tensor) -> Tens
     gates_x = gates_x.detach().contiguous()
     weight_t = weight_hh.detach().to(gates_x.dtype).transpose(1, 2).contiguous()  # (D, H, 4H)
     lengths = lengths.to(torch.int64).contiguous()
+    order = torch.argsort(lengths, descending=True, stable=True)  # the rows longest first: the kernel's bundles
     out = gates_x.new_empty(words, directions, hidden)
     status = lib.lstm_recurrence(
-        DTYPE_CODE[gates_x.dtype], gates_x.data_ptr(), weight_t.data_ptr(), lengths.data_ptr(),
+        DTYPE_CODE[gates_x.dtype], gates_x.data_ptr(), weight_t.data_ptr(), lengths.data_ptr(), order.data_ptr(),
         lengths.numel(), hidden, directions, out.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
     if status != 0:

@@ -45,27 +45,25 @@ CLONES static void CAT(cell_step, SFX)(const SCALAR *restrict gates, SCALAR *res
     }
 }
 
-/* The bundle of tasks order[begin, end) (at most ROWS; one direction, longest first). scratch holds h, c
- * (ROWS, H) each and the gates (ROWS, 4H). A row past its length keeps computing on its last state; its
- * results are not read. */
-static void CAT(run_bundle, SFX)(const Args *a, int64_t begin, int64_t end, SCALAR *scratch) {
-    const int64_t hidden = a->hidden, width = 4 * hidden, dirs = a->directions, d = a->order[begin] % dirs;
+/* Rows rows[0, count) (at most ROWS, longest first) in direction d. scratch holds h, c (ROWS, H) each and the
+ * gates (ROWS, 4H). A row past its length keeps computing on its last state; its results are not read. */
+static void CAT(run_bundle, SFX)(const Args *a, int64_t d, const int64_t *rows, int64_t count, SCALAR *scratch) {
+    const int64_t hidden = a->hidden, width = 4 * hidden, dirs = a->directions;
     const SCALAR *gates_x = (const SCALAR *)a->gates_x, *weight_t = (const SCALAR *)a->weight_t + d * hidden * width;
     SCALAR *out = (SCALAR *)a->out, *h = scratch, *c = scratch + ROWS * hidden, *gates = scratch + 2 * ROWS * hidden;
     for (int64_t j = 0; j < (2 + 4) * ROWS * hidden; j++) scratch[j] = 0; /* h_0 = c_0 = 0 */
-    const int64_t steps = a->lengths[a->order[begin] / dirs];
+    const int64_t steps = a->lengths[rows[0]];
     for (int64_t s = 0; s < steps; s++) {
-        for (int64_t r = 0; r < end - begin; r++) {
-            const int64_t row = a->order[begin + r] / dirs, length = a->lengths[row];
-            if (s >= length) break; /* the rows are longest first */
-            const int64_t word = a->first[row] + (d ? length - 1 - s : s); /* the reverse direction reads backwards */
+        int64_t live = 0; /* the rows still running: a prefix, as they are longest first */
+        while (live < count && s < a->lengths[rows[live]]) live++;
+        for (int64_t r = 0; r < live; r++) {
+            const int64_t length = a->lengths[rows[r]];
+            const int64_t word = a->first[rows[r]] + (d ? length - 1 - s : s); /* the reverse direction reads back */
             memcpy(gates + r * width, gates_x + (word * dirs + d) * width, (size_t)width * sizeof(SCALAR));
         }
         CAT(recurrent_product, SFX)(gates, h, weight_t, hidden);
-        for (int64_t r = 0; r < end - begin; r++) {
-            const int64_t row = a->order[begin + r] / dirs, length = a->lengths[row];
-            if (s >= length) break;
-            const int64_t word = a->first[row] + (d ? length - 1 - s : s);
+        for (int64_t r = 0; r < live; r++) {
+            const int64_t length = a->lengths[rows[r]], word = a->first[rows[r]] + (d ? length - 1 - s : s);
             CAT(cell_step, SFX)(gates + r * width, h + r * hidden, c + r * hidden, hidden);
             memcpy(out + (word * dirs + d) * hidden, h + r * hidden, (size_t)hidden * sizeof(SCALAR));
         }

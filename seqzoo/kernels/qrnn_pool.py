@@ -48,13 +48,12 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from seqzoo._warn import warn_user
-from seqzoo.kernels._loader import load_kernel
+from seqzoo.kernels._loader import DTYPE_CODE, load_kernel
 from seqzoo.kernels.qrnn_pool_reference import POOLINGS, qrnn_pool_reference, reference_gradients
 
 __all__ = ["POOLINGS", "pool_backend", "qrnn_layer", "qrnn_pool", "qrnn_pool_compiled", "qrnn_pool_reference"]
 
 _POOL_CODE = {"f": 0, "fo": 1, "ifo": 2}
-_DTYPE_CODE = {torch.float32: 0, torch.float64: 1}
 _WIDENED = (torch.bfloat16, torch.float16)  # gates the compiled path pools in float32 (qrnn_pool_compiled)
 _ABI_VERSION = 3  # qrnn_pool_abi_version() of the C sources this wrapper calls
 
@@ -94,7 +93,7 @@ class _Kernel:
 
     def _args(self) -> tuple:
         return (
-            _DTYPE_CODE[self.gates.dtype],
+            DTYPE_CODE[self.gates.dtype],
             _ptr(self.gates),
             self.gate_time,
             _ptr(self.bias),
@@ -246,7 +245,7 @@ def qrnn_pool_compiled(
     lib = _compiled_library()
     if isinstance(lib, str):
         raise RuntimeError(lib)
-    if gates.is_cuda or gates.dtype not in (*_DTYPE_CODE, *_WIDENED):
+    if gates.is_cuda or gates.dtype not in (*DTYPE_CODE, *_WIDENED):
         raise RuntimeError(
             "the compiled pooling runs float32/float64 (bfloat16/float16 widened) on CPU, "
             f"got {gates.dtype} on {gates.device}"
@@ -387,7 +386,7 @@ def qrnn_layer(
             return qrnn_pool(gates.to(weight.dtype), lengths, c0, **kwargs)
     # under CUDA autocast the gates come out in the autocast dtype
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x_pad.dtype
-    if pool_backend(x_pad.device, dtype) != "compiled" or dtype not in _DTYPE_CODE:  # fused layer: float32/64
+    if pool_backend(x_pad.device, dtype) != "compiled" or dtype not in DTYPE_CODE:  # fused layer: float32/64
         gates = window_linear(x_pad, weight, bias).view(batch, time, POOLINGS[pooling], -1)  # (B, T, G, H)
         return qrnn_pool(gates, lengths, c0, **kwargs)
     shape = (batch, time, weight.shape[0] // POOLINGS[pooling])
@@ -414,7 +413,7 @@ def pool_backend(device: torch.device | str = "cpu", dtype: torch.dtype = torch.
         from seqzoo.kernels.qrnn_pool_triton import triton_unavailable_reason
 
         return "reference" if triton_unavailable_reason() else "triton"
-    if isinstance(_compiled_library(), str) or dtype not in (*_DTYPE_CODE, *_WIDENED):
+    if isinstance(_compiled_library(), str) or dtype not in (*DTYPE_CODE, *_WIDENED):
         return "reference"
     return "compiled"
 

@@ -24,8 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from seqzoo.kernels._loader import CompiledKernel
-from seqzoo.kernels.crf_viterbi import DTYPE_CODE
+from seqzoo.kernels._loader import DTYPE_CODE, CompiledKernel
 
 __all__ = ["global_sums", "global_sums_available", "global_sums_reference"]
 
