@@ -1,5 +1,5 @@
-"""Build the optional compiled kernels: QRNN pooling, CRF Viterbi, the CRF log partition, the LSTM recurrence
-and the S-LSTM global sums (plain C, no torch or Python headers needed).
+"""Build the optional compiled kernels: QRNN pooling, CRF Viterbi, the CRF log partition, the LSTM recurrence,
+the S-LSTM global node's step and word cells (plain C, no torch or Python headers needed).
 
 All metadata lives in pyproject.toml. The extension is ``optional``: where no C compiler exists
 the install still succeeds and seqzoo warns at run time that it uses the PyTorch reference.
@@ -13,7 +13,7 @@ from setuptools import Extension, setup
 unix_flags = ["-O3", "-g0", "-std=c99", "-pthread", "-fno-math-errno", "-fno-trapping-math"]
 # DA-GRN's inference kernels multiply-add in fused instructions (-std=c99 turns the contraction off); the others
 # keep their rounding
-contracted = {"lstm_recurrence", "slstm_global"}
+contracted = {"lstm_recurrence", "slstm_global", "slstm_word"}
 shared_headers = ("parallel", "vector_math", "both_types")
 
 
@@ -33,6 +33,6 @@ setup(
             extra_link_args=[] if sys.platform == "win32" else ["-pthread", "-lm"],
             optional=True,
         )
-        for name in ("qrnn_pool", "crf_viterbi", "crf_forward", "lstm_recurrence", "slstm_global")
+        for name in ("qrnn_pool", "crf_viterbi", "crf_forward", "lstm_recurrence", "slstm_global", "slstm_word")
     ]
 )

@@ -53,8 +53,10 @@ from seqzoo.api import load
 from seqzoo.bench import bench_parser, non_negative_int, positive_int, print_rows, shape_arg, time_cases
 from seqzoo.encoders.base import build_encoder
 from seqzoo.encoders.dagrn import DAGRN
+from seqzoo.encoders.slstm import SentenceStateCell, WordLayout
 
 __all__ = [
+    "StackCall",
     "Workload",
     "build_parser",
     "depth_bias",
@@ -136,21 +138,65 @@ def _median_times(cases: dict[str, Callable[[], None]], repeats: int, warmup: in
     }
 
 
-def _stack_calls(model: DAGRN, batches: list[tuple[Tensor, Tensor]]) -> list[tuple[tuple, dict]]:
-    """The arguments of the S-LSTM stack's run (:meth:`SentenceStateCell.run`) for each batch."""
-    calls, run = [], model.cell.run
+@dataclass
+class StackCall:
+    """The S-LSTM stack's inputs for one batch (what :meth:`DAGRN.forward_compact` gives
+    :meth:`SentenceStateCell.run_compact`), at the real words in ``mask.nonzero()`` order."""
 
-    def recording(*args: object, **kwargs: object) -> tuple[Tensor, ...]:
-        calls.append((args, kwargs))
-        return run(*args, **kwargs)
+    mask: Tensor  # (B, T)
+    depths: Tensor  # (M,) the predicted depths
+    x_pre: Tensor  # (M, G·H)
+    x_cell: Tensor | None  # (M, H)
+    state: tuple[Tensor, Tensor, Tensor, Tensor]  # h, c (M, H); g, c_g (B, H)
+    start: tuple[Tensor, Tensor] | None  # m (M, d_e), W_3 (H, d_e)
 
-    model.cell.run = recording
+    def run(self, cell: SentenceStateCell, steps: int, full_depth: bool) -> None:
+        """The stack on these inputs: its layout (the predicted depths, or every word at ``steps``), its steps."""
+        depths = torch.full_like(self.depths, steps) if full_depth else self.depths
+        layout = cell.layout(self.mask, depths, steps)
+
+        def laid_out(t: Tensor) -> Tensor:
+            return t.index_select(0, layout.order)
+
+        h, c, g, c_g = self.state
+        x_cell = None if self.x_cell is None else laid_out(self.x_cell)
+        start = None if self.start is None else (laid_out(self.start[0]), self.start[1])
+        cell.run_compact(laid_out(self.x_pre), x_cell, (laid_out(h), laid_out(c), g, c_g), layout, start)
+
+
+def _stack_calls(model: DAGRN, batches: list[tuple[Tensor, Tensor]]) -> list[StackCall]:
+    """The S-LSTM stack's inputs for each batch (see :class:`StackCall`)."""
+    calls: list[StackCall] = []
+    run = model.cell.run_compact
+
+    def recording(
+        x_pre: Tensor, x_cell: Tensor | None, state: tuple, layout: WordLayout, start: tuple | None = None
+    ) -> tuple[Tensor, ...]:
+        def row_major(t: Tensor) -> Tensor:
+            return t.new_empty(t.shape).index_copy_(0, layout.order, t)
+
+        mask = torch.zeros(layout.shape, dtype=torch.bool).flatten().index_fill_(0, layout.position, True)
+        mask = mask.view(layout.shape)
+        h, c, g, c_g = state
+        calls.append(
+            StackCall(
+                mask,
+                model.last_depths[mask],
+                row_major(x_pre),
+                None if x_cell is None else row_major(x_cell),
+                (row_major(h), row_major(c), g, c_g),
+                None if start is None else (row_major(start[0]), start[1]),
+            )
+        )
+        return run(x_pre, x_cell, state, layout, start)
+
+    model.cell.run_compact = recording
     try:
         with torch.no_grad():
             for x, mask in batches:
                 model(x, mask)
     finally:
-        del model.cell.run
+        del model.cell.run_compact
     return calls
 
 
@@ -204,7 +250,7 @@ def _row(args: argparse.Namespace, work: Workload, bias: float) -> dict:
     """The timings of one depth bias (applied by the caller)."""
     encoder = work.encoder
     calls = _stack_calls(encoder, work.features)
-    depths = sum(int(kwargs["updates"].sum()) for _, kwargs in calls)
+    depths = sum(int(call.depths.sum()) for call in calls)
 
     def encode(full_depth: bool) -> None:
         encoder.full_depth = full_depth
@@ -220,8 +266,8 @@ def _row(args: argparse.Namespace, work: Workload, bias: float) -> dict:
 
     def stack(full_depth: bool) -> None:
         with torch.no_grad():
-            for call_args, kwargs in calls:
-                encoder.cell.run(*call_args, **{**kwargs, "updates": None if full_depth else kwargs["updates"]})
+            for call in calls:
+                call.run(encoder.cell, encoder.num_layers, full_depth)
 
     cases = {"adaptive": lambda: encode(False), "full": lambda: encode(True)}
     if work.model is not None:

@@ -26,11 +26,11 @@ Pipeline over token features e (B, T, D) (GloVe + char-CNN, built outside the en
    code, or ``"paper"``): the global node is updated at every step, word i only at steps
    ``0 .. d_i − 1``, after which its state is copied upward (eq. 14). Frozen words cost no
    compute: each step gathers the active words, updates them and scatters them back (Decision 4);
-   their neighbours read the frozen states. At inference the words are laid out deepest first
-   once, so a step updates a prefix of them in place, and a step with no active word updates the
-   global node only; the input projection runs at the real words only, and on the CPU the Bi-LSTM's recurrence
-   and the global node's sums over the words are C kernels (:meth:`DAGRN.sequential_features`,
-   :mod:`seqzoo.kernels.slstm_global`);
+   their neighbours read the frozen states. At inference (:meth:`DAGRN.forward_compact`) the whole
+   pipeline runs at the real words only, laid out deepest first once after the depths are chosen,
+   so a step updates a prefix of them in place, and a step with no active word updates the global
+   node only; on the CPU the Bi-LSTM's recurrence and the global node's sums over the words are C
+   kernels (:meth:`DAGRN.sequential_rows`, :mod:`seqzoo.kernels.slstm_global`);
 8. output dropout on h. All dropouts stop at evaluation (the code's hard-coded ones did not).
 
 Gradients (MODELS.md 2.3): without straight-through the depth softmax gets none; E learns only
@@ -161,36 +161,43 @@ class DAGRN(Encoder):
         hard = F.one_hot(index, self.num_layers).to(soft.dtype)
         return index, hard - soft.detach() + soft  # one-hot forward, soft backward
 
-    def sequential_features(self, x: Tensor, mask: Tensor) -> Tensor:
-        """The Bi-LSTM's outputs s (B, T, H), zero at pads, over x (B, T, D) zero at pads (eq. 5).
+    def sequential_rows(self, x: Tensor, mask: Tensor) -> Tensor:
+        """The Bi-LSTM's outputs s (M, H) at the real words in ``mask.nonzero()`` order, over x (B, T, D)
+        zero at pads (eq. 5), for inference.
 
-        CPU inference takes the input projection of both directions at the real words in one product
-        and the recurrence in one call of :func:`~seqzoo.kernels.lstm_recurrence.lstm_recurrence` (no
-        step over a pad, no dispatch per step). With autograd, off the CPU, in a trace or compiled
-        graph, or where the kernel cannot load (said once), :attr:`sequential` as it is (packed)."""
-        recording = torch.jit.is_tracing() or torch.compiler.is_compiling()  # a graph must not bake in the lengths
+        On the CPU the input projection of both directions is one product at the real words and the
+        recurrence one call of :func:`~seqzoo.kernels.lstm_recurrence.lstm_recurrence` (no step over a
+        pad, no dispatch per step). Off the CPU, or where the kernel cannot load (said once),
+        :attr:`sequential` as it is (packed)."""
         fallback = "DA-GRN's Bi-LSTM falls back to the packed torch.nn.LSTM"
-        if torch.is_grad_enabled() or recording or not kernel_serves(x, lstm_recurrence_available, fallback):
-            return self.sequential(x, mask)[0]
+        if not kernel_serves(x, lstm_recurrence_available, fallback):
+            return self.sequential(x, mask)[0][mask]
         weights = self.sequential.rnn.all_weights  # per direction: W_ih, W_hh, b_ih, b_hh
         w_ih, bias = torch.cat([w[0] for w in weights]), torch.cat([w[2] + w[3] for w in weights])
         gates = F.linear(x[mask], w_ih, bias).view(-1, 2, 2 * self.hidden_size)  # (M, 2, 4·H/2)
-        out = lstm_recurrence(gates, torch.stack([w[1] for w in weights]), mask.sum(1))  # (M, 2, H/2)
-        return x.new_zeros(*mask.shape, self.hidden_size).masked_scatter_(mask.unsqueeze(-1), out)
+        return lstm_recurrence(gates, torch.stack([w[1] for w in weights]), mask.sum(1)).flatten(1)  # (M, H)
+
+    def depths(self, s: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """From the Bi-LSTM's outputs s (..., H): the inner vectors m (..., d_e) (eq. 6), the selected depth
+        index j (...) (eqs. 7–11) and the depth embedding δ (..., d_e) (eq. 12)."""
+        # the code drops each direction's outputs, then the concatenation again
+        s = F.dropout(F.dropout(s, self.dropout, self.training), self.dropout, self.training)
+        inner = F.dropout(torch.tanh(self.inner(s)), self.inner_dropout, self.training)  # m, eq. 6
+        index, mixing = self.select_depths(self.depth_logits(inner))
+        table = self.depth_embedding + self.depth_positions  # E[j] + PE(j + offset) (L, d_e), eq. 12
+        return inner, index, table[index] if mixing is None else mixing @ table
 
     def forward(self, x: Tensor, mask: Tensor | None = None, state: State = None) -> tuple[Tensor, State]:
         mask = self.check_input(x, mask)
         if state is not None:
             raise ValueError("DAGRN is not stateful (a whole-sequence encoder); pass state=None")
         x = zero_padding(x, mask)  # (B, T, D)
+        recording = torch.jit.is_tracing() or torch.compiler.is_compiling()  # a graph must not bake in the lengths
+        gather = self.gather_in_training or not self.training
+        if gather and not torch.is_grad_enabled() and not recording:
+            return self.forward_compact(x, mask)
         real = mask.unsqueeze(-1)  # (B, T, 1)
-        s = self.sequential_features(x, mask)  # (B, T, H), eq. 5
-        # the code drops each direction's outputs, then the concatenation again
-        s = F.dropout(F.dropout(s, self.dropout, self.training), self.dropout, self.training)
-        inner = F.dropout(torch.tanh(self.inner(s)), self.inner_dropout, self.training)  # m (B, T, d_e), eq. 6
-        index, mixing = self.select_depths(self.depth_logits(inner))  # (B, T), (B, T, L) or None
-        table = self.depth_embedding + self.depth_positions  # E[j] + PE(j + offset) (L, d_e), eq. 12
-        depth = table[index] if mixing is None else mixing @ table  # δ (B, T, d_e)
+        inner, index, depth = self.depths(self.sequential(x, mask)[0])  # (B, T, ·)
         updates = (index + self.depth_offset).masked_fill(~mask, 0)  # d (B, T)
         self.last_depths = updates.detach()
         words = torch.cat([x, depth], dim=-1) * real  # x_i = [e_i; δ_i] (B, T, H), eq. 13
@@ -198,7 +205,6 @@ class DAGRN(Encoder):
         count = mask.sum(1, keepdim=True).clamp(min=1).to(x.dtype)
         glob = words.sum(1) / count  # g⁰ = c_g⁰ (B, H), a masked mean
         x_cell = words if self.variant == "official" else None
-        gather = self.gather_in_training or not self.training
         h, _, g, c_g = self.cell.run(
             self.cell.project_input(words, mask),
             x_cell,
@@ -209,3 +215,24 @@ class DAGRN(Encoder):
             gather=gather,
         )  # eq. 14
         return F.dropout(h, self.dropout, self.training), (g, c_g)
+
+    def forward_compact(self, x: Tensor, mask: Tensor) -> tuple[Tensor, State]:
+        """:meth:`forward` without autograd, at the real words only: the Bi-LSTM, the depth predictor, the
+        input projection and the S-LSTM stack see (M, ·) rows, laid out once, deepest first
+        (:meth:`SentenceStateCell.layout`, :meth:`SentenceStateCell.run_compact`); h is spread over the
+        padded batch at the end."""
+        x_rows = x[mask]  # (M, D) in mask.nonzero() order
+        inner, index, depth = self.depths(self.sequential_rows(x, mask))  # (M, d_e), (M,), (M, d_e)
+        updates = index + self.depth_offset  # d (M,)
+        self.last_depths = torch.zeros_like(mask, dtype=torch.long).masked_scatter_(mask, updates)
+        steps = self.num_layers
+        layout = self.cell.layout(mask, torch.full_like(updates, steps) if self.full_depth else updates, steps)
+        words = torch.cat([x_rows, depth], dim=-1).index_select(0, layout.order)  # x_i = [e_i; δ_i] (M, H), eq. 13
+        inner = inner.index_select(0, layout.order)  # m (M, d_e)
+        start = self.restore(inner)  # h⁰ = c⁰ = W_3 m (M, H)
+        count = layout.lengths.clamp(min=1).unsqueeze(1).to(x.dtype)  # (B, 1)
+        glob = words.new_zeros(len(count), self.hidden_size).index_add_(0, layout.sentence, words) / count  # g⁰ = c_g⁰
+        x_cell = words if self.variant == "official" else None
+        state, low_rank = (start, start, glob, glob), (inner, self.restore.weight)  # h⁰ of rank d_e
+        h, _, g, c_g = self.cell.run_compact(self.cell.input(words), x_cell, state, layout, low_rank)
+        return F.dropout(layout.padded(h), self.dropout, self.training), (g, c_g)

@@ -34,15 +34,18 @@ State: the final global node ``(g, c_g)``, each (B, H); :meth:`SLSTM.global_stat
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqzoo.encoders.base import Encoder, State, check_rate, register_encoder, takes_all_real_shortcut, zero_padding
 from seqzoo.kernels._loader import kernel_serves
-from seqzoo.kernels.slstm_global import global_sums, global_sums_available, global_sums_reference
+from seqzoo.kernels.slstm_global import global_combine, global_step, global_step_available, global_step_reference
+from seqzoo.kernels.slstm_word import word_cells, word_cells_available, word_cells_reference, word_gates
 
-__all__ = ["SLSTM", "VARIANTS", "SentenceStateCell", "shift"]
+__all__ = ["SLSTM", "VARIANTS", "SentenceStateCell", "WordLayout", "shift"]
 
 VARIANTS = ("paper", "official")
 
@@ -54,6 +57,40 @@ def shift(x: Tensor, offset: int) -> Tensor:
     if offset >= 0:
         return F.pad(x, (0, 0, offset, 0))[:, :time]
     return F.pad(x, (0, 0, 0, -offset))[:, -offset:]
+
+
+@dataclass(frozen=True)
+class WordLayout:
+    """The M real words of a padded batch laid out flat for :meth:`SentenceStateCell.run_compact`:
+    deepest first (stable), so that the words updated at step l are the first ``updated[l]`` rows.
+
+    ``order`` (M,): the index, in ``mask.nonzero()`` (row-major) order, of the word at each row;
+    ``sentence`` (M,) its batch row and ``position`` (M,) its flat position b·T + t; ``updated`` n_l
+    for l = 0 .. L − 1 (non-increasing); ``h_near`` (M, K) the rows of each word's neighbours for its
+    window, at the offsets of :meth:`SentenceStateCell.gathered_window`, and ``c_near`` (M, 2w') those
+    of its cells' neighbours, left then right (``paper``: w' = 1; ``official``: w' = w), M (one past the
+    words, a zero row) at pads and outside the sentence; ``by_sentence`` (M,) the rows of sentence 0's
+    words, then sentence 1's, ...; ``lengths`` (B,) the words per sentence; ``shape`` (B, T).
+    """
+
+    shape: tuple[int, int]
+    order: Tensor
+    sentence: Tensor
+    position: Tensor
+    updated: list[int]
+    h_near: Tensor
+    c_near: Tensor
+    by_sentence: Tensor
+    lengths: Tensor
+
+    def rows(self, padded: Tensor) -> Tensor:
+        """(B, T, ·) -> (M, ·): the words' rows in the layout's order."""
+        return padded.reshape(self.shape[0] * self.shape[1], -1).index_select(0, self.position)
+
+    def padded(self, rows: Tensor) -> Tensor:
+        """(M, ·) in the layout's order -> (B, T, ·), zero at pads."""
+        flat = rows.new_zeros(self.shape[0] * self.shape[1], rows.shape[-1]).index_copy_(0, self.position, rows)
+        return flat.view(*self.shape, -1)
 
 
 class SentenceStateCell(nn.Module):
@@ -138,17 +175,11 @@ class SentenceStateCell(nn.Module):
 
         ``gates_g`` (B, 3H) is ``[W_g g; W_o g; W_f g]`` (:attr:`global_gates` of g), ``h_mean`` (B, H) the
         mean h̄ of the word states; ``weighted`` and ``weights`` (B, H) are ``Σ_i e_i ⊙ c_i`` and ``Σ_i e_i``
-        over each sentence's real words, ``e_i = exp(σ(W_f g + U_f h_i + b_f))``
-        (:mod:`seqzoo.kernels.slstm_global`). The global cell is the per-dimension softmax over
-        (f̂_1..f̂_n, f̂_g) of the words' cells and its own; an empty sentence keeps its own cell.
+        over each sentence's real words, ``e_i = exp(σ(W_f g + U_f h_i + b_f))``. The global cell is the
+        per-dimension softmax over (f̂_1..f̂_n, f̂_g) of the words' cells and its own
+        (:func:`~seqzoo.kernels.slstm_global.global_combine`); an empty sentence keeps its own cell.
         """
-        on_g, out_g, _ = gates_g.chunk(3, dim=-1)  # W_g g, W_o g (B, H) each
-        on_mean, out_mean = self.mean_gates(h_mean).chunk(2, dim=-1)  # U_g h̄ + b_g, U_o h̄ + b_o
-        gate_g = torch.sigmoid(on_g + on_mean)  # f̂_g (B, H)
-        gate_o = torch.sigmoid(out_g + out_mean)  # o (B, H)
-        exp_g = gate_g.exp()  # the gates lie in (0, 1): exp needs no shift
-        c_g = (weighted + exp_g * c_g) / (weights + exp_g)  # (B, H)
-        return gate_o * torch.tanh(c_g), c_g
+        return global_combine(gates_g, self.mean_gates(h_mean), weighted, weights, c_g)
 
     def word_update(
         self,
@@ -160,17 +191,9 @@ class SentenceStateCell(nn.Module):
         x_cell: Tensor | None,
     ) -> tuple[Tensor, Tensor]:
         """New (h, c) of N words (N, H) from their gate pre-activations ``pre`` (N, G·H) and the
-        cells they mix: their own, the neighbours', the global node's (and x's for ``official``)."""
-        gates = pre.unflatten(-1, (-1, self.hidden_size))  # (N, G, H)
-        weights = torch.softmax(torch.sigmoid(gates[:, :5]), dim=1)  # (N, 5, H)
-        if self.variant == "paper":
-            i, left, right, forget, glob = weights.unbind(1)  # i, l, r, f, s
-            candidate = torch.tanh(gates[:, 6])  # u
-            c = left * c_left + forget * c_self + right * c_right + glob * c_global + i * candidate
-        else:
-            left, right, inner, glob, i = weights.unbind(1)  # f1, f2, f3, f4, i
-            c = left * c_left + right * c_right + inner * x_cell + glob * c_global + i * c_self
-        return torch.sigmoid(gates[:, 5]) * torch.tanh(c), c  # h = o ⊙ tanh(c)
+        cells they mix: their own, the neighbours', the global node's (and x's for ``official``)
+        (:func:`~seqzoo.kernels.slstm_word.word_gates`)."""
+        return word_gates(pre, c_self, c_left, c_right, c_global, x_cell if self.variant == "official" else None)
 
     def run(
         self,
@@ -191,7 +214,7 @@ class SentenceStateCell(nn.Module):
         ``0 .. updates − 1`` and then keeps its state (copy rule); None updates every real word at
         every step. The global node is updated at every step. ``gather=True`` computes only the
         words being updated (their rows gathered, updated, scattered back; without autograd by
-        :meth:`run_compact`); ``gather=False`` computes every position and keeps the old state where
+        :meth:`layout` and :meth:`run_compact`); ``gather=False`` computes every position and keeps the old state where
         a word is not updated: the same values, at the cost of all words. When every position is
         updated at every step (no pads, no depths) both compute all positions, with nothing to
         gather or keep.
@@ -199,7 +222,13 @@ class SentenceStateCell(nn.Module):
         every_word = updates is None and takes_all_real_shortcut(mask)  # nothing to gather or keep
         recording = torch.jit.is_tracing() or torch.compiler.is_compiling()  # a graph must not bake in the depths
         if gather and not every_word and not torch.is_grad_enabled() and not recording:
-            return self.run_compact(x_pre, x_cell, mask, state, num_steps, updates)
+            depth = torch.full_like(mask, num_steps, dtype=torch.long)[mask] if updates is None else updates[mask]
+            layout = self.layout(mask, depth, num_steps)
+            h, c, g, c_g = state
+            x_pre = layout.rows(x_pre) if x_pre.dim() == 3 else x_pre.index_select(0, layout.order)
+            x_cell = layout.rows(x_cell) if x_cell is not None else None
+            h, c, g, c_g = self.run_compact(x_pre, x_cell, (layout.rows(h), layout.rows(c), g, c_g), layout)
+            return layout.padded(h), layout.padded(c), g, c_g
         if x_pre.dim() == 2:  # the real words' rows: spread over the padded batch
             x_pre = x_pre.new_zeros(*mask.shape, x_pre.shape[-1]).masked_scatter_(mask.unsqueeze(-1), x_pre)
         h, c, g, c_g = state
@@ -245,98 +274,111 @@ class SentenceStateCell(nn.Module):
             g, c_g = new_g, new_c_g
         return h, c, g, c_g
 
-    def run_compact(
-        self,
-        x_pre: Tensor,
-        x_cell: Tensor | None,
-        mask: Tensor,
-        state: tuple[Tensor, Tensor, Tensor, Tensor],
-        num_steps: int,
-        updates: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """:meth:`run` with ``gather=True`` for inference (no autograd: it writes its states in place),
-        its cost following the updates. The M real words are laid out once, flat and deepest first,
-        so the words updated at step l are the first n_l rows: sliced, not gathered, and written back
-        in place. Their neighbours are read through index lists built once (a zero row for pads and
-        positions outside the sentence); the neighbours' and the words' own states are read before
-        any is written, so the steps stay synchronous. The global node's sums over every word are one
-        call of :func:`~seqzoo.kernels.slstm_global.global_sums` per step (its reference where the
-        kernel cannot serve); a step that updates no word updates the global node alone. Pads cost nothing.
-        """
-        h, c, g, c_g = state
-        batch, time, hidden = h.shape
-        depth = torch.full_like(mask, num_steps, dtype=torch.long) if updates is None else updates.clamp(0, num_steps)
+    def layout(self, mask: Tensor, depth: Tensor, num_steps: int) -> WordLayout:
+        """The real words of ``mask`` (B, T) laid out for :meth:`run_compact`, given each word's number of
+        updates ``depth`` (M,) in ``mask.nonzero()`` order (clamped to 0 .. ``num_steps``)."""
+        batch, time = mask.shape
+        depth = depth.clamp(0, num_steps)
         row, column = mask.nonzero().unbind(1)  # (M,) each: the real words' batch rows and positions
-        word_depth = depth[row, column]  # (M,)
-        order = torch.argsort(word_depth, descending=True, stable=True)  # deepest first
+        order = torch.argsort(depth, descending=True, stable=True)  # deepest first
         sentence, column = row.index_select(0, order), column.index_select(0, order)  # (M,) each
-        position = sentence * time + column  # (M,) flat positions b·T + t
-        size = position.numel()
+        size = order.numel()
         # n_l, the words updated at step l (depth > l), for l = 0 .. num_steps − 1
-        per_depth = torch.bincount(word_depth, minlength=num_steps + 1)  # (num_steps + 1,)
+        per_depth = torch.bincount(depth, minlength=num_steps + 1)  # (num_steps + 1,)
         updated = per_depth.flip(0).cumsum(0).flip(0)[1:].tolist()
         # the row of each position, its sentence padded by w on each side: M (a zero row) at pads and outside
         span = time + 2 * self.window
-        slot = torch.full((batch * span,), size, dtype=torch.long, device=h.device)
+        slot = torch.full((batch * span,), size, dtype=torch.long, device=mask.device)
         at = sentence * span + column + self.window  # (M,) each word's place in ``slot``
-        slot[at] = torch.arange(size, device=h.device)
+        slot[at] = torch.arange(size, device=mask.device)
 
         def neighbours(offsets: list[int]) -> Tensor:  # (M, K) rows of each word's neighbours at offsets
-            return slot[at.unsqueeze(1) + torch.tensor(offsets, device=h.device)]
+            return slot[at.unsqueeze(1) + torch.tensor(offsets, device=mask.device)]
 
         left, right = list(range(-1, -self.window - 1, -1)), list(range(1, self.window + 1))
         if self.variant == "paper":  # ξ = [h_{i−w}; …; h_{i+w}]; cells c_{i−1}, c_{i+1}
             h_near, c_near = neighbours([*left[::-1], 0, *right]), neighbours([-1, 1])
         else:  # [h_i; Σ_k h_{i−k}; Σ_k h_{i+k}]; Σ_k c_{i−k}, Σ_k c_{i+k}
             h_near, c_near = neighbours([0, *left, *right]), neighbours(left + right)
-        h_rows = h.new_zeros(size + 1, hidden)  # (M + 1, H): the words, deepest first, then a zero row
-        c_rows = h.new_zeros(size + 1, hidden)
-        h_rows[:size] = h.reshape(batch * time, hidden).index_select(0, position)
-        c_rows[:size] = c.reshape(batch * time, hidden).index_select(0, position)
+        by_sentence = torch.empty_like(order).index_copy_(0, order, torch.arange(size, device=mask.device))
+        return WordLayout(
+            (batch, time), order, sentence, sentence * time + column, updated, h_near, c_near, by_sentence, mask.sum(1)
+        )
+
+    def run_compact(
+        self,
+        x_pre: Tensor,
+        x_cell: Tensor | None,
+        state: tuple[Tensor, Tensor, Tensor, Tensor],
+        layout: WordLayout,
+        start: tuple[Tensor, Tensor] | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """:meth:`run` with ``gather=True`` for inference (no autograd), on the real words laid out by
+        :meth:`layout`: ``x_pre`` (M, G·H), ``x_cell`` (M, H) or None and the words' states h, c (M, H)
+        are rows in the layout's order, g, c_g (B, H); returns the final (h, c) rows (new tensors) and
+        (g, c_g). The words updated at step l are the first n_l rows: sliced, not gathered, and written
+        back in place. Their neighbours are read through the layout's index lists (a zero row for pads
+        and positions outside the sentence); the neighbours' and the words' own states are read before
+        any is written, so the steps stay synchronous. The global node's step (its sums over every word
+        and its gates) is one call of :func:`~seqzoo.kernels.slstm_global.global_step` (its reference where
+        the kernel cannot serve); a step that updates no word updates the global node alone. Pads cost nothing.
+
+        ``start = (m, W)``, m (M, r) in the layout's order and W (H, r), says that the initial states are
+        ``h = c = m Wᵀ`` of rank r < H (the DA-GRN's h⁰ = c⁰ = W_3 m): the first step's window product
+        ``W_rec·[W m_j; …]`` then runs as ``(W_rec (I ⊗ W))·[m_j; …]``, and ``U_f h`` as ``(U_f W) m``, in the
+        r-dimensional space: the same values up to rounding, at r/H of the first step's largest product.
+        """
+        h, c, g, c_g = state
+        size, hidden = h.shape
+        h_rows = h.new_empty(size + 1, hidden)  # (M + 1, H): the words, deepest first, then a zero row
+        c_rows = h.new_empty(size + 1, hidden)
+        h_rows[:size], c_rows[:size] = h, c
+        h_rows[size], c_rows[size] = 0, 0
         h_words, c_words = h_rows[:size], c_rows[:size]  # (M, H) views
-        forget_pre = self.word_forget(h_words)  # U_f h_i + b_f (M, H), refreshed where h changes
-        if x_pre.dim() == 3:
-            x_pre = x_pre.reshape(batch * time, -1).index_select(0, position)  # (M, G·H)
-        else:  # given at the real words in row-major order
-            x_pre = x_pre.index_select(0, order)  # (M, G·H)
-        if x_cell is not None:
-            x_cell = x_cell.reshape(batch * time, hidden).index_select(0, position)  # (M, H)
-        count = mask.sum(1, keepdim=True).clamp(min=1).to(h.dtype)  # (B, 1)
-        fallback = "the S-LSTM global node falls back to its slower PyTorch sums"
-        sums = global_sums if kernel_serves(h, global_sums_available, fallback) else global_sums_reference
-        by_sentence = torch.empty_like(order).index_copy_(0, order, torch.arange(size, device=h.device))  # (M,)
-        lengths = mask.sum(1)  # (B,): the rows of sentence b's words are by_sentence's next lengths[b]
-        for n in updated:
-            gates_g = self.global_gates(g)  # (B, 3H)
-            forget_g = gates_g[:, 2 * hidden :]  # W_f g (B, H)
-            weighted, weights, h_sum = sums(forget_g, forget_pre, c_words, h_words, by_sentence, lengths, check=False)
-            new_g, new_c_g = self.global_update(gates_g, h_sum / count, weighted, weights, c_g)
+        if start is None:
+            forget_pre = self.word_forget(h_words)  # U_f h_i + b_f (M, H), refreshed where h changes
+        else:
+            m, start_weight = start  # h = c = m Wᵀ: (M, r), (H, r)
+            m_rows = torch.cat([m, m.new_zeros(1, m.shape[1])])  # (M + 1, r), a zero row last as h_rows
+            forget_pre = torch.addmm(self.word_forget.bias, m, (self.word_forget.weight @ start_weight).t())
+            # W_rec's K blocks of H columns, each times W: (G·H, K·r), the window product on m's rows
+            start_recurrent = (self.recurrent.weight.unflatten(1, (-1, hidden)) @ start_weight).flatten(1)
+        fallback = "the S-LSTM global node falls back to its slower PyTorch step"
+        global_node = global_step if kernel_serves(h, global_step_available, fallback) else global_step_reference
+        fallback = "the S-LSTM word cells fall back to their slower PyTorch update"
+        cells = word_cells if kernel_serves(h, word_cells_available, fallback) else word_cells_reference
+        x_cell = x_cell if self.variant == "official" else None
+        words = (layout.by_sentence, layout.lengths)  # each sentence's rows
+        # [U_g; U_o] (2H, H) as the transpose of a contiguous (H, 2H), which the kernel reads; [b_g; b_o]
+        mean_gates = (self.mean_gates.weight.t().contiguous().t(), self.mean_gates.bias)
+        h_near, c_near, sentence = layout.h_near, layout.c_near, layout.sentence
+        for step, n in enumerate(layout.updated):
+            gates_g = self.global_gates(g)  # [W_g g; W_o g; W_f g] (B, 3H)
+            new_g, new_c_g = global_node(gates_g, forget_pre, c_words, h_words, *words, c_g, *mean_gates, check=False)
             if n:
-                near_h = h_rows.index_select(0, h_near[:n].flatten()).view(n, -1, hidden)  # (n, K, H)
-                near_c = c_rows.index_select(0, c_near[:n].flatten()).view(n, -1, hidden)  # (n, K', H)
-                window, c_left, c_right = self.gathered_window(near_h, near_c)
-                rows = sentence[:n]  # (n,)
-                pre = torch.addmm(x_pre[:n], window, self.recurrent.weight.t())  # W·window + U x + b (n, G·H)
-                pre += self.global_input(g).index_select(0, rows)  # + V g
+                if step or start is None:
+                    near_h = h_rows.index_select(0, h_near[:n].flatten()).view(n, -1, hidden)  # (n, K, H)
+                    window, recurrent = self.gathered_window(near_h), self.recurrent.weight
+                else:  # the first step of a rank-r start: the window of m's rows
+                    near_m = m_rows.index_select(0, h_near[:n].flatten()).view(n, -1, m.shape[1])  # (n, K, r)
+                    window, recurrent = self.gathered_window(near_m), start_recurrent
+                pre = torch.addmm(x_pre[:n], window, recurrent.t())  # W·window + U x + b (n, G·H)
                 cell_x = x_cell[:n] if x_cell is not None else None
-                h_new, c_new = self.word_update(pre, c_words[:n], c_left, c_right, c_g.index_select(0, rows), cell_x)
+                global_pre, near = self.global_input(g), c_near[:n]  # V g (B, G·H); the cells' neighbours
+                h_new, c_new = cells(pre, global_pre, sentence[:n], c_rows, near, c_g, cell_x, check=False)
                 h_rows[:n], c_rows[:n] = h_new, c_new
                 forget_pre[:n] = self.word_forget(h_new)
             g, c_g = new_g, new_c_g
-        h = h.new_zeros(batch * time, hidden).index_copy_(0, position, h_words).view(batch, time, hidden)
-        c = c.new_zeros(batch * time, hidden).index_copy_(0, position, c_words).view(batch, time, hidden)
-        return h, c, g, c_g
+        return h_words, c_words, g, c_g
 
-    def gathered_window(self, near_h: Tensor, near_c: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """The recurrent input and the neighbours' cells (as :meth:`windows`) of n words from their
-        gathered neighbours: ``near_h`` (n, K, H) at the offsets of :meth:`run_compact` (``paper``:
-        −w..w; ``official``: 0, −1..−w, 1..w) and ``near_c`` (n, K', H) (``paper``: −1, 1;
-        ``official``: −1..−w, 1..w)."""
+    def gathered_window(self, near: Tensor) -> Tensor:
+        """The recurrent input (as :meth:`windows`) of n words from their neighbours' states gathered at the
+        offsets of :meth:`layout` (``paper``: −w..w; ``official``: 0, −1..−w, 1..w), ``near`` (n, K, H):
+        (n, K·H) or (n, 3H). Linear in the states (a state of rank r gives the window of its r-dim rows)."""
         if self.variant == "paper" or self.window == 1:  # the rows are laid out as the window already
-            return near_h.flatten(1), near_c[:, 0], near_c[:, 1]
+            return near.flatten(1)
         w = self.window
-        window = torch.cat([near_h[:, 0], near_h[:, 1 : w + 1].sum(1), near_h[:, w + 1 :].sum(1)], dim=-1)
-        return window, near_c[:, :w].sum(1), near_c[:, w:].sum(1)
+        return torch.cat([near[:, 0], near[:, 1 : w + 1].sum(1), near[:, w + 1 :].sum(1)], dim=-1)
 
 
 @register_encoder("slstm")

@@ -1,4 +1,5 @@
-/* What the C kernels share: per-CPU clones of the hot loops, and work split over threads.
+/* What the C kernels share: per-CPU clones of the hot loops (and their inlined helpers), and work split over
+ * threads.
  *
  * A kernel splits its work into contiguous ranges, one struct each in an array, and hands the array to
  * run_ranges, which runs the first range on the caller's thread and each other on a thread of its own
@@ -16,6 +17,14 @@
 #define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define CLONES
+#endif
+
+/* For the helpers of a CLONES function: inlined into each clone, so that their loops use its CPU's vectors
+ * (a helper left as a call is compiled for the default CPU only). */
+#if defined(__GNUC__)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE inline
 #endif
 
 enum { MAX_THREADS = 256 };

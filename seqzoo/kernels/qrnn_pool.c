@@ -38,12 +38,6 @@ typedef struct {
     int pooling, reverse, store;
 } Args;
 
-#if defined(__GNUC__)
-#define ALWAYS_INLINE inline __attribute__((always_inline))
-#else
-#define ALWAYS_INLINE inline
-#endif
-
 #define BODY "qrnn_pool_body.h"
 #include "both_types.h"
 
