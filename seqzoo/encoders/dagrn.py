@@ -161,9 +161,9 @@ class DAGRN(Encoder):
         hard = F.one_hot(index, self.num_layers).to(soft.dtype)
         return index, hard - soft.detach() + soft  # one-hot forward, soft backward
 
-    def sequential_rows(self, x: Tensor, mask: Tensor) -> Tensor:
+    def sequential_rows(self, x: Tensor, mask: Tensor, rows: Tensor | None = None) -> Tensor:
         """The Bi-LSTM's outputs s (M, H) at the real words in ``mask.nonzero()`` order, over x (B, T, D)
-        zero at pads (eq. 5), for inference.
+        (eq. 5; its pads are not read), for inference; ``rows`` is ``x[mask]`` where the caller has it.
 
         On the CPU the input projection of both directions is one product at the real words and the
         recurrence one call of :func:`~seqzoo.kernels.lstm_recurrence.lstm_recurrence` (no step over a
@@ -174,7 +174,8 @@ class DAGRN(Encoder):
             return self.sequential(x, mask)[0][mask]
         weights = self.sequential.rnn.all_weights  # per direction: W_ih, W_hh, b_ih, b_hh
         w_ih, bias = torch.cat([w[0] for w in weights]), torch.cat([w[2] + w[3] for w in weights])
-        gates = F.linear(x[mask], w_ih, bias).view(-1, 2, 2 * self.hidden_size)  # (M, 2, 4·H/2)
+        rows = x[mask] if rows is None else rows  # (M, D)
+        gates = F.linear(rows, w_ih, bias).view(-1, 2, 2 * self.hidden_size)  # (M, 2, 4·H/2)
         return lstm_recurrence(gates, torch.stack([w[1] for w in weights]), mask.sum(1)).flatten(1)  # (M, H)
 
     def depths(self, s: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -191,11 +192,11 @@ class DAGRN(Encoder):
         mask = self.check_input(x, mask)
         if state is not None:
             raise ValueError("DAGRN is not stateful (a whole-sequence encoder); pass state=None")
-        x = zero_padding(x, mask)  # (B, T, D)
         recording = torch.jit.is_tracing() or torch.compiler.is_compiling()  # a graph must not bake in the lengths
         gather = self.gather_in_training or not self.training
         if gather and not torch.is_grad_enabled() and not recording:
-            return self.forward_compact(x, mask)
+            return self.forward_compact(x, mask)  # reads the real words only: pads need no zeroing
+        x = zero_padding(x, mask)  # (B, T, D)
         real = mask.unsqueeze(-1)  # (B, T, 1)
         inner, index, depth = self.depths(self.sequential(x, mask)[0])  # (B, T, ·)
         updates = (index + self.depth_offset).masked_fill(~mask, 0)  # d (B, T)
@@ -222,7 +223,7 @@ class DAGRN(Encoder):
         (:meth:`SentenceStateCell.layout`, :meth:`SentenceStateCell.run_compact`); h is spread over the
         padded batch at the end."""
         x_rows = x[mask]  # (M, D) in mask.nonzero() order
-        inner, index, depth = self.depths(self.sequential_rows(x, mask))  # (M, d_e), (M,), (M, d_e)
+        inner, index, depth = self.depths(self.sequential_rows(x, mask, x_rows))  # (M, d_e), (M,), (M, d_e)
         updates = index + self.depth_offset  # d (M,)
         self.last_depths = torch.zeros_like(mask, dtype=torch.long).masked_scatter_(mask, updates)
         steps = self.num_layers

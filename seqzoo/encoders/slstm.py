@@ -351,23 +351,26 @@ class SentenceStateCell(nn.Module):
         words = (layout.by_sentence, layout.lengths)  # each sentence's rows
         # [U_g; U_o] (2H, H) as the transpose of a contiguous (H, 2H), which the kernel reads; [b_g; b_o]
         mean_gates = (self.mean_gates.weight.t().contiguous().t(), self.mean_gates.bias)
-        h_near, c_near, sentence = layout.h_near, layout.c_near, layout.sentence
+        gates_t, global_t = self.global_gates.weight.t(), self.global_input.weight.t()  # the products' weights
+        recurrent_t, forget_t, forget_b = self.recurrent.weight.t(), self.word_forget.weight.t(), self.word_forget.bias
+        near_h, width = layout.h_near.flatten(), layout.h_near.shape[1]  # the first n·K: the window rows of n words
+        c_near, sentence = layout.c_near, layout.sentence
         for step, n in enumerate(layout.updated):
-            gates_g = self.global_gates(g)  # [W_g g; W_o g; W_f g] (B, 3H)
+            gates_g = torch.mm(g, gates_t)  # [W_g g; W_o g; W_f g] (B, 3H)
             new_g, new_c_g = global_node(gates_g, forget_pre, c_words, h_words, *words, c_g, *mean_gates, check=False)
             if n:
                 if step or start is None:
-                    near_h = h_rows.index_select(0, h_near[:n].flatten()).view(n, -1, hidden)  # (n, K, H)
-                    window, recurrent = self.gathered_window(near_h), self.recurrent.weight
+                    near = h_rows.index_select(0, near_h[: n * width]).view(n, width, hidden)  # (n, K, H)
+                    window, recurrent = self.gathered_window(near), recurrent_t
                 else:  # the first step of a rank-r start: the window of m's rows
-                    near_m = m_rows.index_select(0, h_near[:n].flatten()).view(n, -1, m.shape[1])  # (n, K, r)
-                    window, recurrent = self.gathered_window(near_m), start_recurrent
-                pre = torch.addmm(x_pre[:n], window, recurrent.t())  # W·window + U x + b (n, G·H)
+                    near = m_rows.index_select(0, near_h[: n * width]).view(n, width, -1)  # (n, K, r)
+                    window, recurrent = self.gathered_window(near), start_recurrent.t()
+                pre = torch.addmm(x_pre[:n], window, recurrent)  # W·window + U x + b (n, G·H)
                 cell_x = x_cell[:n] if x_cell is not None else None
-                global_pre, near = self.global_input(g), c_near[:n]  # V g (B, G·H); the cells' neighbours
-                h_new, c_new = cells(pre, global_pre, sentence[:n], c_rows, near, c_g, cell_x, check=False)
+                global_pre = torch.mm(g, global_t)  # V g (B, G·H)
+                h_new, c_new = cells(pre, global_pre, sentence[:n], c_rows, c_near[:n], c_g, cell_x, check=False)
                 h_rows[:n], c_rows[:n] = h_new, c_new
-                forget_pre[:n] = self.word_forget(h_new)
+                torch.addmm(forget_b, h_new, forget_t, out=forget_pre[:n])  # U_f h + b_f where h changed
             g, c_g = new_g, new_c_g
         return h_words, c_words, g, c_g
 

@@ -110,17 +110,17 @@ def global_step(
     check: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """:func:`global_step_reference` by the C kernel: float32/float64 CPU tensors, no autograd. ``check=False``
-    skips the checks of shapes and indices (out-of-range rows would read outside the tensors): for a caller
-    that built them so."""
+    skips the checks of shapes, dtypes, layouts and indices (out-of-range rows would read outside the tensors):
+    for a caller that built them so, of one dtype, contiguous (``mean_weight`` the transpose of a contiguous
+    (H, 2H) tensor, which the kernel reads) and with int64 indices."""
     lib = _KERNEL.loaded()
     if c_g.dtype not in DTYPE_CODE or c_g.device.type != "cpu":
         raise TypeError(f"the S-LSTM global kernel takes float32/float64 CPU tensors, got {c_g.dtype}")
+    inputs = [gates_g, forget_pre, cell, h, rows, lengths, c_g, mean_weight.t(), mean_bias]  # the kernel reads Uᵀ
     if check:
         _checked(gates_g, [forget_pre, cell, h], rows, lengths, c_g)
+        inputs = [t.to(c_g.dtype if t.is_floating_point() else torch.int64).contiguous() for t in inputs]
     batch, hidden = c_g.shape
-    # the kernel reads Uᵀ: no copy where mean_weight is the transpose of a contiguous (H, 2H) tensor
-    given = (gates_g, forget_pre, cell, h, rows, lengths, c_g, mean_weight.t(), mean_bias)
-    inputs = [t.to(c_g.dtype if t.is_floating_point() else torch.int64).contiguous() for t in given]
     g_new, c_g_new = torch.empty_like(inputs[6]), torch.empty_like(inputs[6])
     status = lib.slstm_global_step(
         DTYPE_CODE[c_g.dtype], *(t.data_ptr() for t in inputs), batch, hidden, g_new.data_ptr(), c_g_new.data_ptr(),

@@ -9,7 +9,7 @@ static ALWAYS_INLINE void CAT(add_word, SFX)(SCALAR *restrict weighted, SCALAR *
                                              const SCALAR *restrict forget_pre, const SCALAR *restrict cell,
                                              const SCALAR *restrict h, int64_t hidden) {
     for (int64_t j = 0; j < hidden; j++) {
-        const SCALAR e = CAT(exp, SFX)(CAT(sigmoid, SFX)(forget_g[j] + forget_pre[j])); /* (1) */
+        const SCALAR e = CAT(exp_unit, SFX)(CAT(sigmoid, SFX)(forget_g[j] + forget_pre[j])); /* (1) */
         weighted[j] += e * cell[j];                                                      /* (2) */
         weights[j] += e;
         h_sum[j] += h[j];
@@ -38,7 +38,7 @@ static ALWAYS_INLINE void CAT(combine, SFX)(SCALAR *restrict out_g, SCALAR *rest
     for (int64_t j = 0; j < hidden; j++) {
         const SCALAR gate_g = CAT(sigmoid, SFX)(gates_g[j] + from_mean[j]);
         const SCALAR gate_o = CAT(sigmoid, SFX)(gates_g[hidden + j] + from_mean[hidden + j]);
-        const SCALAR e_g = CAT(exp, SFX)(gate_g);
+        const SCALAR e_g = CAT(exp_unit, SFX)(gate_g);
         const SCALAR c = (weighted[j] + e_g * c_g[j]) / (weights[j] + e_g);
         out_c_g[j] = c;
         out_g[j] = gate_o * CAT(tanh, SFX)(c);

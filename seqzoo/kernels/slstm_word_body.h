@@ -10,7 +10,7 @@ static ALWAYS_INLINE void CAT(add_rows, SFX)(SCALAR *restrict left, SCALAR *rest
 }
 
 /* exp(sigmoid(z_k + zg_k)) at dimension j: the unnormalised weight of gate k (1). */
-#define SCORE(k) CAT(exp, SFX)(CAT(sigmoid, SFX)(z[(k) * hidden + j] + zg[(k) * hidden + j]))
+#define SCORE(k) CAT(exp_unit, SFX)(CAT(sigmoid, SFX)(z[(k) * hidden + j] + zg[(k) * hidden + j]))
 
 /* (1)-(3) of one paper word (gates i, l, r, f, s, o, u). Restrict parameters, so that GCC vectorises over j. */
 static ALWAYS_INLINE void CAT(paper_word, SFX)(SCALAR *restrict h, SCALAR *restrict c, const SCALAR *restrict z,
