@@ -146,13 +146,13 @@ class DAGRN(Encoder):
     def select_depths(self, logits: Tensor) -> tuple[Tensor, Tensor | None]:
         """Selected depth index j (B, T) long in 0..L−1 (eqs. 8–11), and the straight-through
         one-hot weights (B, T, L) when they carry a gradient (else None)."""
+        if self.depth_mode == "hard" or (self.depth_mode == "gumbel" and not self.training):
+            return logits.argmax(-1), None  # eq. 8 (the softmax keeps the order); Gumbel-Max without noise
         log_p = torch.log_softmax(logits, dim=-1)  # eq. 7
         if self.depth_mode == "soft":  # eq. 9
             levels = torch.arange(self.num_layers, device=logits.device, dtype=log_p.dtype)
             index = (log_p.exp() * levels).sum(-1).floor().long().clamp(0, self.num_layers - 1)
             return index, None
-        if self.depth_mode == "hard" or not self.training:  # eq. 8; Gumbel-Max without noise at evaluation
-            return log_p.argmax(-1), None
         perturbed = log_p - torch.empty_like(log_p).exponential_().log()  # log p + γ, γ ~ Gumbel(0, 1) (eq. 10)
         index = perturbed.argmax(-1)
         if not self.straight_through:

@@ -47,8 +47,7 @@ def word_gates(
     the cells they mix (N, H) each: their own, the neighbours' on each side, the global node's, and x's
     (``official``, G = 6; None for ``paper``, G = 7). With autograd: the S-LSTM's training path uses it too."""
     gates = pre.unflatten(-1, (-1, c_self.shape[-1]))  # (N, G, H)
-    scores = torch.sigmoid(gates[:, :5]).exp()  # the sigmoids lie in (0, 1): the softmax needs no shift
-    weights = scores / scores.sum(1, keepdim=True)  # (N, 5, H), per-dimension softmax over the five gates
+    weights = torch.softmax(torch.sigmoid(gates[:, :5]), dim=1)  # (N, 5, H), per dimension over the five gates
     if x_cell is None:  # paper
         i, left, right, forget, glob = weights.unbind(1)  # i, l, r, f, s
         candidate = torch.tanh(gates[:, 6])  # u
