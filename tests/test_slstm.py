@@ -284,6 +284,31 @@ def test_inference_scatters_in_place_with_the_same_values():
     assert all(torch.equal(a, b) for a, b in zip(state, kept, strict=True))  # the caller's state is left alone
 
 
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"variant": "official", "window": 1},
+        {"variant": "official", "window": 2, "depth_offset": 0},
+        {"variant": "paper", "window": 1},
+        {"variant": "paper", "window": 2, "full_depth": True},
+    ],
+)
+def test_inference_forward_equals_the_autograd_forward(kwargs):
+    """DAGRN.forward_compact (no autograd: the real words only, the first layer in the rank-d_e space of h⁰,
+    the kernels) against the padded autograd forward: float64, an empty row, NaN at the pads."""
+    model = dagrn(depth_mode="hard", **kwargs).eval()
+    x, mask = padded_batch(4, lengths=[5, 3, 0, 1, 4])
+    want, (g_want, c_want) = model(x, mask)
+    depths = model.last_depths
+    assert len(depths[mask].unique()) > 1 or kwargs.get("full_depth")  # the words stop at different depths
+    with torch.no_grad():
+        got, (g_got, c_got) = model(x, mask)
+    assert torch.equal(model.last_depths, depths)
+    for a, b in ((got, want), (g_got, g_want), (c_got, c_want)):
+        torch.testing.assert_close(a, b.detach(), rtol=0, atol=1e-12)
+    assert (got[~mask] == 0).all()
+
+
 @pytest.mark.parametrize("variant", ["official", "paper"])
 def test_gathered_path_equals_full_computation(variant):
     """Gathering the active words equals computing every word and keeping the frozen ones:
