@@ -29,8 +29,9 @@ Pipeline over token features e (B, T, D) (GloVe + char-CNN, built outside the en
    their neighbours read the frozen states. At inference (:meth:`DAGRN.forward_compact`) the whole
    pipeline runs at the real words only, laid out deepest first once after the depths are chosen,
    so a step updates a prefix of them in place, and a step with no active word updates the global
-   node only; on the CPU the Bi-LSTM's recurrence and the global node's sums over the words are C
-   kernels (:meth:`DAGRN.sequential_rows`, :mod:`seqzoo.kernels.slstm_global`);
+   node only; the first step runs in the d_e-dimensional space of h⁰ (``run_compact``'s ``start``);
+   on the CPU the Bi-LSTM's recurrence, the global node's step and the word cells are C kernels
+   (:meth:`DAGRN.sequential_rows`, :mod:`seqzoo.kernels.slstm_global`, :mod:`seqzoo.kernels.slstm_word`);
 8. output dropout on h. All dropouts stop at evaluation (the code's hard-coded ones did not).
 
 Gradients (MODELS.md 2.3): without straight-through the depth softmax gets none; E learns only
