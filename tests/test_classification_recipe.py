@@ -82,16 +82,21 @@ def test_a_fold_that_cannot_be_rebuilt_is_a_data_error(tmp_path, capsys):
     assert "fold-2 rebuilt from this data does not give the vocabulary" in capsys.readouterr().err
 
 
-def _classification_task(tmp_path: Path, *overrides: str, dev_file: bool = True):
+def _classification_task(tmp_path: Path, *overrides: str, dev_file: bool = True, test_line: str = ""):
+    """A classifier on a fresh toy corpus in ``tmp_path`` (``test_line``: one more test example)."""
     from seqzoo.tasks.classification import build_tasks
 
     write_sentiment_corpus(tmp_path, sizes=(60, 10, 10))
     if not dev_file:
         (tmp_path / "toy.dev").unlink()
+    if test_line:
+        with open(tmp_path / "toy.test", "a") as f:
+            f.write(test_line + "\n")
+    vectors = any(o.startswith("data.embeddings=") for o in overrides)  # then they set the size
     config = load_config(
         None,
         [
-            "data.name=toy", f"data.data_dir={tmp_path}", "data.embedding_dim=8",
+            "data.name=toy", f"data.data_dir={tmp_path}", *([] if vectors else ["data.embedding_dim=8"]),
             "model.encoder_args={hidden_size: 4, bidirectional: true}", "train.batch_size=4", "train.device=cpu",
             *overrides,
         ],
@@ -155,3 +160,38 @@ def test_accuracy_and_loss_average_over_examples_not_batches():
     result = accuracy_and_loss(torch.nn.Identity(), iter(batches))
     assert result["loss"] == pytest.approx(F.cross_entropy(logits, labels).item(), rel=1e-6)
     assert result["accuracy"] == pytest.approx((logits.argmax(-1) == labels).float().mean().item())
+
+
+def test_embedding_vocab_gives_a_word_unseen_in_training_its_pretrained_vector(tmp_path):
+    """With ``data.embedding_vocab`` a test word that training never saw but the vector file knows joins the
+    vocabulary with its vector (not ``<unk>``); a word the file lacks stays ``<unk>``; without it, both do."""
+    vectors = tmp_path / "vectors.txt"
+    vectors.write_text("".join(f"{w} {' '.join([str(0.25 * i)] * 8)}\n" for i, w in enumerate(("a", "dazzling"), 1)))
+    settings = (f"data.embeddings={vectors}", "data.min_freq=1")
+    new = "pos\tdazzling unheardof"
+    task = _classification_task(tmp_path / "on", *settings, "data.embedding_vocab=true", test_line=new)
+    plain = _classification_task(tmp_path / "off", *settings, test_line=new)
+    assert "dazzling" in task.vocab and "unheardof" not in task.vocab and "dazzling" not in plain.vocab
+    assert list(task.vocab)[: len(plain.vocab)] == list(plain.vocab)  # the training words keep their ids
+    dazzling = task.vocab.token_to_id("dazzling")
+    assert torch.equal(task.model.embedding.weight[dazzling].detach(), torch.full((8,), 0.5))
+    assert task.splits["test"].ids[-1] == [dazzling, task.vocab.unk_id]
+    assert plain.splits["test"].ids[-1] == [plain.vocab.unk_id] * 2
+
+
+def test_a_fold_trained_with_embedding_vocab_is_rebuilt(tmp_path):
+    """Cross-validated with ``data.embedding_vocab``: evaluating a fold rebuilds the vocabulary it trained with,
+    which holds a word of its held-out fold through the vector file alone."""
+    config = _kfold_config(tmp_path)
+    with open(tmp_path / "data" / "toy.train", "a") as f:
+        f.write("pos\tzzz\n")
+    vectors = tmp_path / "vectors.txt"
+    vectors.write_text("".join(f"{w} {' '.join(['0.5'] * 8)}\n" for w in ("film", "zzz")))
+    config.data.embeddings, config.data.embedding_vocab = str(vectors), True
+    run(config, tmp_path / "kf")
+    counts = []
+    for fold in ("fold-1", "fold-2"):
+        task = load_task(tmp_path / "kf" / fold)
+        assert task.evaluate("test")["accuracy"] == _test_record(tmp_path / "kf" / fold)["test_accuracy"]
+        counts.append(task.vocab.counts["zzz"])
+    assert sorted(counts) == [0, 1]  # in the fold that holds it out, zzz is known through its vector alone

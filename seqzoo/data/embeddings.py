@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from os import PathLike
 
@@ -12,7 +13,7 @@ from seqzoo.data.errors import DataError
 from seqzoo.data.io import open_text
 from seqzoo.data.text import Vocab
 
-__all__ = ["EmbeddingStats", "load_vectors"]
+__all__ = ["EmbeddingStats", "load_vectors", "with_pretrained_words"]
 
 
 @dataclass(frozen=True)
@@ -159,3 +160,12 @@ def _assemble(
         top_oov=tuple(sorted(oov, key=lambda t: (-vocab.counts[t], t))[:20]),
     )
     return weight, stats
+
+
+def with_pretrained_words(vocab: Vocab, words: Iterable[str], embeddings: str) -> Vocab:
+    """``vocab`` plus those of ``words`` it lacks that have a vector (or whose lowercase form has one) in the
+    ``embeddings`` file, sorted: the words of every split that the pretrained table knows."""
+    with open_text(embeddings) as lines:
+        pretrained = {line.split(" ", 1)[0] for line in lines}
+    extra = sorted(w for w in set(words) if w not in vocab and (w in pretrained or w.lower() in pretrained))
+    return Vocab([*vocab, *extra], vocab.counts)

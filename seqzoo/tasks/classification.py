@@ -25,6 +25,7 @@ from seqzoo.config import (
 )
 from seqzoo.data.chars import build_char_vocab
 from seqzoo.data.classification import ClassificationData, LabeledText, LabelSet, bundled_corpus_dir
+from seqzoo.data.embeddings import with_pretrained_words
 from seqzoo.data.errors import DataError
 from seqzoo.data.text import Tokenizer, Vocab
 from seqzoo.embedders import CHAR_KEYS
@@ -68,6 +69,9 @@ class ClassificationDataConfig:
     max_train: int | None = None  # keep the first max_train training examples (a cap for a quick run)
     embeddings: str | None = None  # GloVe-format text vectors (.txt or .gz)
     embedding_dim: int = 50
+    # With embeddings: the words of every split (the texts, never the labels) that have a vector join the
+    # vocabulary, so that a word unseen in training keeps its pretrained vector instead of becoming <unk>.
+    embedding_vocab: bool = False
     freeze_embeddings: bool = False
     folds: int = 5  # k-fold cross-validation when the task has no test split
     # Held out of train when the task has no dev split, drawn with train.seed (so each seed of a
@@ -165,7 +169,7 @@ class ClassificationTask(ClassifierTask):
             name: capped([self.tokenizer(ex.text) for ex in split], data.max_len, name, _where(split))
             for name, split in splits.items()
         }
-        self.vocab = vocab or self._build_vocab(tokens["train"])
+        self.vocab = vocab or self._build_vocab(tokens)
         self.labels = labels or LabelSet(ex.label for ex in splits["train"])
         self.label_names = list(self.labels)
         self.splits = {
@@ -189,9 +193,16 @@ class ClassificationTask(ClassifierTask):
         self.device = resolve_device(config.train.device)
         self.model.to(self.device)
 
-    def _build_vocab(self, train_tokens: list[list[str]]) -> Vocab:
+    def _build_vocab(self, tokens: dict[str, list[list[str]]]) -> Vocab:
+        """The training words seen ``data.min_freq`` times (at most ``data.max_vocab``) and, with
+        ``data.embeddings`` and ``data.embedding_vocab``, every split's words that have a pretrained vector."""
         data: ClassificationDataConfig = self.config.data
-        return Vocab.build(train_tokens, min_freq=data.min_freq, max_size=data.max_vocab)
+        vocab = Vocab.build(tokens["train"], min_freq=data.min_freq, max_size=data.max_vocab)
+        if not (data.embeddings and data.embedding_vocab):
+            return vocab
+        return with_pretrained_words(
+            vocab, (t for split in tokens.values() for text in split for t in text), data.embeddings
+        )
 
     def _tokens(self, text: str) -> list[str]:
         tokens = self.tokenizer(text)
@@ -237,6 +248,10 @@ def _splits(data: ClassificationData) -> dict[str, list[LabeledText]]:
     return {"train": data.train, "dev": data.dev, "test": data.test}
 
 
+def _fold_tokens(task: ClassificationTask, fold: ClassificationData) -> dict[str, list[list[str]]]:
+    return {name: [task._tokens(ex.text) for ex in split] for name, split in _splits(fold).items() if split is not None}
+
+
 def _fold_of(data: ClassificationData, config: RunConfig, sub_run: Path) -> ClassificationData | None:
     """The fold that ``sub_run`` (``fold-N``) of a cross-validated run was trained and tested on
     (test: its held-out fold, train: the other folds, dev as in training); None with a test split."""
@@ -271,7 +286,7 @@ def load_trained(config: RunConfig, best: Path, with_data: bool = True) -> Class
         return ClassificationTask(config, splits, labels=labels, **checkpoint.text_inputs(config))
 
     task = restore(best, build)
-    if fold is not None and task._build_vocab([task._tokens(ex.text) for ex in fold.train]) != task.vocab:
+    if fold is not None and task._build_vocab(_fold_tokens(task, fold)) != task.vocab:
         raise DataError(
             f"{best.parent.name} rebuilt from this data does not give the vocabulary its model was trained with "
             "(the data changed since training?): its held-out fold cannot be rebuilt",
@@ -280,10 +295,16 @@ def load_trained(config: RunConfig, best: Path, with_data: bool = True) -> Class
     return task
 
 
+def _inert_keys(config: RunConfig) -> dict[str, str]:
+    data: ClassificationDataConfig = config.data
+    return {} if data.embeddings else {"data.embedding_vocab": "it adds the words of data.embeddings"}
+
+
 register_task(
     "classification",
     data_config=ClassificationDataConfig,
     model_keys={"encoder", "encoder_args", "pooler", "mlp_hidden", "embedding_dropout", "dropout", *CHAR_KEYS},
     build_tasks=build_tasks,
     load_trained=load_trained,
+    inert_keys=_inert_keys,
 )

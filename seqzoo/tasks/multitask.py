@@ -60,6 +60,7 @@ from seqzoo.data.batching import bucket_batches, pad_batch, shard_batches
 from seqzoo.data.chars import build_char_vocab
 from seqzoo.data.classification import ClassificationData, LabelSet, bundled_corpus_dir
 from seqzoo.data.conll import TaggedSentence
+from seqzoo.data.embeddings import with_pretrained_words
 from seqzoo.data.errors import DataError
 from seqzoo.data.text import Tokenizer, Vocab
 from seqzoo.embedders import CHAR_KEYS, TokenEmbedder
@@ -82,7 +83,6 @@ from seqzoo.tasks.tagging import (
     TaggingData,
     TagHead,
     load_data,
-    with_pretrained_words,
 )
 from seqzoo.training.devices import resolve_device
 from seqzoo.training.distributed import global_batch_loss

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import abc
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -53,8 +53,9 @@ from seqzoo.config import (
 from seqzoo.data.batching import bucket_batches, pad_batch
 from seqzoo.data.chars import build_char_vocab, encode_chars, pad_chars
 from seqzoo.data.conll import TaggedSentence, read_conll
+from seqzoo.data.embeddings import with_pretrained_words
 from seqzoo.data.errors import DataError
-from seqzoo.data.io import open_text, require_regular
+from seqzoo.data.io import require_regular
 from seqzoo.data.tags import allowed_transitions, check_scheme, chunk_scores, chunks, convert, split_tag
 from seqzoo.data.text import Vocab
 from seqzoo.embedders import CHAR_KEYS, TokenEmbedder
@@ -79,7 +80,6 @@ __all__ = [
     "build_vocab",
     "load_data",
     "load_trained",
-    "with_pretrained_words",
 ]
 
 log = logging.getLogger("seqzoo")
@@ -318,15 +318,6 @@ def build_vocab(splits: dict[str, list[TaggedSentence]], data: TaggingDataConfig
         return train
     words = (key(t) for split in splits.values() for s in split for t in s.tokens)
     return with_pretrained_words(train, words, data.embeddings)
-
-
-def with_pretrained_words(vocab: Vocab, words: Iterable[str], embeddings: str) -> Vocab:
-    """``vocab`` plus those of ``words`` it lacks that have a vector (or whose lowercase form has one) in the
-    ``embeddings`` file, sorted: the words of every split that the pretrained table knows."""
-    with open_text(embeddings) as lines:
-        pretrained = {line.split(" ", 1)[0] for line in lines}
-    extra = sorted(w for w in set(words) if w not in vocab and (w in pretrained or w.lower() in pretrained))
-    return Vocab([*vocab, *extra], vocab.counts)
 
 
 class TaggedCorpus(abc.ABC):
